@@ -1,0 +1,1 @@
+"""Adapters: Kafka, PostgreSQL, Redis. They translate library errors into service errors."""

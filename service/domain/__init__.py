@@ -1,0 +1,1 @@
+"""The domain: pure rules about authorizations. Imports no I/O library (see STYLE: inward)."""

@@ -1,0 +1,32 @@
+"""The result event, built only from the stored dedup record, so that every (re)publication of
+one transaction is byte-for-byte the same event with the same ``event_id``."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC
+
+from service.domain.decision import Result, StoredResult
+from service.domain.messages import event_id_for
+
+
+def result_event(stored: StoredResult) -> dict[str, object]:
+    approved = stored.result is Result.APPROVED
+    processed_at = stored.processed_at.astimezone(UTC)
+    return {
+        "event_type": "PaymentAuthorized" if approved else "PaymentDeclined",
+        "event_id": event_id_for(stored.transaction_id),
+        "transaction_id": stored.transaction_id,
+        "account_id": stored.account_id,
+        "amount": stored.amount_text,
+        "currency": stored.currency,
+        "authorization_type": stored.authorization_type,
+        "result": stored.result.value,
+        "decline_reason": None if approved else str(stored.decline_reason),
+        "correlation_id": stored.correlation_id,
+        "processed_at": processed_at.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+    }
+
+
+def encode_event(event: dict[str, object]) -> bytes:
+    return json.dumps(event, separators=(",", ":"), sort_keys=False).encode()

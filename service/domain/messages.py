@@ -1,0 +1,236 @@
+"""Decoding and validating an authorization request into exact values.
+
+``decode_authorization(raw)`` either returns an ``Authorization`` or raises
+``InvalidMessage`` with a dead-letter reason. Amounts never pass through ``float``:
+``json.loads`` is told to build ``Decimal``s and to refuse ``NaN``/``Infinity`` outright
+(it would otherwise turn them into floats even with ``parse_float=Decimal``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal, InvalidOperation
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    model_validator,
+)
+
+from service.domain.errors import DeadLetterReason, InvalidMessage
+from service.domain.money import MAX_AMOUNT, UnknownCurrency, decimals_of, format_amount, minor_unit
+from service.domain.pan import document_contains_pan
+
+# Stable namespace for event ids: the same transaction_id always yields the same event_id.
+EVENT_NAMESPACE = uuid.UUID("6b1f5c1e-8f4e-4e1c-9a55-3f0d2f0c9a01")
+
+# Identifiers: printable ASCII without spaces, so that they are safe in logs, headers and keys.
+Identifier = Annotated[
+    str, StringConstraints(strict=True, min_length=1, max_length=64, pattern=r"^[!-~]+$")
+]
+# Free text (merchant name): any printable text, no control characters.
+Text = Annotated[
+    str, StringConstraints(strict=True, min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$")
+]
+
+
+class AuthorizationType(StrEnum):
+    PURCHASE = "PURCHASE"  # debits the account
+    REFUND = "REFUND"  # credits the account
+
+
+def _exact_amount(value: object) -> Decimal:
+    if isinstance(value, bool) or isinstance(value, float):
+        raise ValueError("amount must be an exact decimal (JSON number or string), not a float")
+    if isinstance(value, int):
+        return Decimal(value)
+    if isinstance(value, str):
+        stripped = value.strip()
+        if stripped != value or not stripped or any(c not in "0123456789.+-" for c in stripped):
+            raise ValueError("amount string must be a plain decimal like \"125.50\"")
+        try:
+            return Decimal(stripped)
+        except InvalidOperation:
+            raise ValueError("amount string must be a plain decimal like \"125.50\"") from None
+    if isinstance(value, Decimal):
+        return value
+    raise ValueError("amount must be a JSON number or a decimal string")
+
+
+ExactAmount = Annotated[Decimal, BeforeValidator(_exact_amount)]
+
+
+class _Headers(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    message_id: Identifier
+    correlation_id: Identifier | None = None
+    timestamp: datetime | None = None
+    source: Text | None = None
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    transaction_id: Identifier
+    card_number_hash: Annotated[
+        str, StringConstraints(strict=True, min_length=1, max_length=128, pattern=r"^[!-~]+$")
+    ]
+    account_id: Identifier
+    amount: ExactAmount
+    currency: Annotated[str, StringConstraints(strict=True)]
+    merchant: Text
+    merchant_category: Annotated[str, StringConstraints(strict=True, pattern=r"^[0-9]{4}$")]
+    authorization_type: AuthorizationType
+
+    @model_validator(mode="after")
+    def _amount_fits_currency(self) -> _Body:
+        amount = self.amount
+        if not amount.is_finite():
+            raise ValueError("amount must be finite (NaN and Infinity are not amounts)")
+        if amount <= 0:
+            raise ValueError("amount must be greater than zero")
+        if amount > MAX_AMOUNT:
+            raise ValueError(f"amount must not exceed {MAX_AMOUNT}")
+        try:
+            allowed = minor_unit(self.currency)
+        except UnknownCurrency as exc:
+            raise ValueError(str(exc)) from None
+        if decimals_of(amount) > allowed:
+            raise ValueError(f"{self.currency} amounts have at most {allowed} decimals")
+        return self
+
+
+class _Envelope(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    headers: _Headers
+    body: _Body
+
+
+@dataclass(frozen=True, slots=True)
+class Authorization:
+    """A validated authorization request. ``amount`` is exact and within its currency's unit."""
+
+    transaction_id: str
+    account_id: str
+    amount: Decimal
+    currency: str
+    authorization_type: AuthorizationType
+    card_number_hash: str
+    merchant: str
+    merchant_category: str
+    message_id: str
+    correlation_id: str | None
+    sent_at: datetime | None
+
+    @property
+    def amount_text(self) -> str:
+        return format_amount(self.amount, self.currency)
+
+    @property
+    def fingerprint(self) -> str:
+        """What makes two requests with one transaction_id the same request.
+
+        Same key with another amount, currency, account or type is a conflict, not a
+        duplicate; message_id, timestamps and merchant text may differ between retries.
+        """
+        return fingerprint_of(
+            self.account_id, self.amount_text, self.currency, self.authorization_type.value
+        )
+
+    @property
+    def event_id(self) -> str:
+        return event_id_for(self.transaction_id)
+
+
+def fingerprint_of(account_id: str, amount_text: str, currency: str, auth_type: str) -> str:
+    canonical = "\x1f".join((account_id, amount_text, currency, auth_type))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def event_id_for(transaction_id: str) -> str:
+    return str(uuid.uuid5(EVENT_NAMESPACE, transaction_id))
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a valid amount or JSON value")
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise ValueError(f"duplicate key {key[:40]!r}")
+        result[key] = value
+    return result
+
+
+def _describe(exc: ValidationError) -> str:
+    """First few problems as 'path: message', never echoing the input values (card data)."""
+    parts = []
+    for err in exc.errors(include_input=False, include_url=False)[:3]:
+        path = ".".join(str(p) for p in err["loc"]) or "message"
+        parts.append(f"{path}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def decode_authorization(raw: bytes | None, *, max_bytes: int = 65_536) -> Authorization:
+    if raw is None:
+        raise InvalidMessage(DeadLetterReason.INVALID_JSON, "empty message (null value)")
+    if len(raw) > max_bytes:
+        raise InvalidMessage(
+            DeadLetterReason.TOO_LARGE, f"{len(raw)} bytes exceeds the limit of {max_bytes}"
+        )
+    try:
+        text = raw.decode("utf-8", errors="strict")
+    except UnicodeDecodeError as exc:
+        raise InvalidMessage(
+            DeadLetterReason.INVALID_ENCODING, f"not UTF-8 at byte {exc.start}"
+        ) from None
+    try:
+        document = json.loads(
+            text,
+            parse_float=Decimal,
+            parse_constant=_reject_constant,
+            object_pairs_hook=_no_duplicate_keys,
+        )
+    except (ValueError, RecursionError) as exc:
+        detail = str(exc).splitlines()[0][:200] if isinstance(exc, ValueError) else "too deep"
+        raise InvalidMessage(DeadLetterReason.INVALID_JSON, detail) from None
+    if document_contains_pan(document):
+        # Checked before the schema so that no error detail can ever quote the number.
+        raise InvalidMessage(
+            DeadLetterReason.CARD_DATA_PRESENT,
+            "the message carries what looks like a raw card number (PAN); only hashes allowed",
+        )
+    if not isinstance(document, dict):
+        raise InvalidMessage(DeadLetterReason.SCHEMA_VIOLATION, "message must be a JSON object")
+    try:
+        envelope = _Envelope.model_validate(document)
+    except ValidationError as exc:
+        raise InvalidMessage(DeadLetterReason.SCHEMA_VIOLATION, _describe(exc)) from None
+    body, headers = envelope.body, envelope.headers
+    return Authorization(
+        transaction_id=body.transaction_id,
+        account_id=body.account_id,
+        amount=body.amount,
+        currency=body.currency,
+        authorization_type=body.authorization_type,
+        card_number_hash=body.card_number_hash,
+        merchant=body.merchant,
+        merchant_category=body.merchant_category,
+        message_id=headers.message_id,
+        correlation_id=headers.correlation_id,
+        sent_at=headers.timestamp,
+    )

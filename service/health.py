@@ -1,0 +1,88 @@
+"""Liveness and readiness, and the HTTP endpoint that serves them with ``/metrics``.
+
+- ``/healthz``: the consumer thread and the event loop both ticked recently (a stuck poll
+  loop or a blocked event loop fails it, and the orchestrator restarts the pod).
+- ``/readyz``: partitions are assigned and PostgreSQL answers.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from service.metrics import REGISTRY
+
+STALE_AFTER_SECONDS = 30.0
+
+
+class Health:
+    def __init__(self) -> None:
+        now = time.monotonic()
+        self._consumer_tick = now
+        self._loop_tick = now
+        self._assigned: list[tuple[str, int]] = []
+        self.postgres_ok = False
+
+    def consumer_heartbeat(self) -> None:
+        self._consumer_tick = time.monotonic()
+
+    def loop_heartbeat(self) -> None:
+        self._loop_tick = time.monotonic()
+
+    def set_assigned(self, partitions: list[tuple[str, int]]) -> None:
+        self._assigned = list(partitions)
+
+    @property
+    def assigned(self) -> list[tuple[str, int]]:
+        return list(self._assigned)
+
+    def live(self) -> tuple[bool, str]:
+        now = time.monotonic()
+        if now - self._consumer_tick > STALE_AFTER_SECONDS:
+            return False, "kafka poll loop stuck"
+        if now - self._loop_tick > STALE_AFTER_SECONDS:
+            return False, "event loop stuck"
+        return True, "ok"
+
+    def ready(self) -> tuple[bool, str]:
+        live, why = self.live()
+        if not live:
+            return False, why
+        if not self._assigned:
+            return False, "no partitions assigned"
+        if not self.postgres_ok:
+            return False, "postgresql not answering"
+        return True, "ok"
+
+
+def serve_http(port: int, health: Health) -> ThreadingHTTPServer:
+    """Start ``/metrics``, ``/healthz`` and ``/readyz`` on ``port`` (0: any free port)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                self._send(200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST)
+            elif path in ("/healthz", "/readyz"):
+                ok, why = health.live() if path == "/healthz" else health.ready()
+                self._send(200 if ok else 503, (why + "\n").encode(), "text/plain")
+            else:
+                self._send(404, b"not found\n", "text/plain")
+
+        def _send(self, status: int, body: bytes, content_type: str) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+            return  # scrapes every few seconds would drown the service's own logs
+
+    server = ThreadingHTTPServer(("0.0.0.0", port), Handler)  # noqa: S104 - scraped by Prometheus
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
+    return server

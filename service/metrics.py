@@ -1,0 +1,85 @@
+"""Every Prometheus metric of the service, defined once, with bounded labels.
+
+Names are part of the external contract (CONTRACT.md): extend, never rename.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+OUTCOMES = ("approved", "declined", "duplicate", "conflict", "invalid")
+LAYERS = ("redis", "postgres")
+
+messages_total = Counter(
+    "payauth_messages_total",
+    "Messages consumed from the input topic, by what happened to them.",
+    ["outcome"],
+    registry=REGISTRY,
+)
+duplicates_total = Counter(
+    "payauth_duplicates_total",
+    "Duplicates caught, by the layer that caught them.",
+    ["layer"],
+    registry=REGISTRY,
+)
+processing_seconds = Histogram(
+    "payauth_processing_seconds",
+    "Time to process one batch of a partition, from hand-off to offset stored.",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+    registry=REGISTRY,
+)
+dedup_lookup_seconds = Histogram(
+    "payauth_dedup_lookup_seconds",
+    "Time of one batched dedup lookup, by store.",
+    ["store"],
+    buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5),
+    registry=REGISTRY,
+)
+dead_letters_total = Counter(
+    "payauth_dead_letters_total",
+    "Messages written to the dead-letter topic, by reason.",
+    ["reason"],
+    registry=REGISTRY,
+)
+consumer_lag = Gauge(
+    "payauth_consumer_lag",
+    "Messages behind the partition's high watermark, per assigned partition.",
+    ["partition"],
+    registry=REGISTRY,
+)
+dedup_records = Gauge(
+    "payauth_dedup_records",
+    "Rows in the PostgreSQL dedup store (processed_transactions).",
+    registry=REGISTRY,
+)
+redis_up = Gauge(
+    "payauth_redis_up",
+    "1 when the Redis fast path answers, 0 while the worker runs on PostgreSQL alone.",
+    registry=REGISTRY,
+)
+events_published_total = Counter(
+    "payauth_events_published_total",
+    "Result events acknowledged by Kafka; republished repeats of a stored result included.",
+    ["kind"],  # first, republish
+    registry=REGISTRY,
+)
+retries_total = Counter(
+    "payauth_retries_total",
+    "Batches retried after a transient failure, by cause.",
+    ["cause"],  # store_unavailable, claim_lost, transient, publish_failed
+    registry=REGISTRY,
+)
+assigned_partitions = Gauge(
+    "payauth_assigned_partitions",
+    "Input partitions currently assigned to this worker.",
+    registry=REGISTRY,
+)
+
+for _outcome in OUTCOMES:
+    messages_total.labels(_outcome)
+for _layer in LAYERS:
+    duplicates_total.labels(_layer)
+for _store in ("redis", "postgres"):
+    dedup_lookup_seconds.labels(_store)

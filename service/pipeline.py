@@ -1,0 +1,320 @@
+"""One partition's batch, through the commit order. This is the exactly-once argument.
+
+``BatchProcessor.process(tp, messages)`` runs, for messages in offset order:
+
+1. Decode and validate each message (exact Decimals). Invalid → dead-letter.
+2. Redis fast path, one MGET: a key whose fingerprint matches is a duplicate already decided,
+   committed and published; skip it. A different fingerprint, a miss, or Redis down → step 3.
+3. PostgreSQL: read the dedup records of the rest (duplicates and conflicts), then decide the
+   new ones in one transaction (claim, lock accounts, decide, debit/credit, ledger, dedup
+   record) and COMMIT. Another replica claiming first → ``ClaimLost`` → back to step 3.
+4. Publish every result event (new decisions, and stored results never confirmed published)
+   and every dead-letter record; wait until Kafka acknowledges them all.
+5. Mark the events published in PostgreSQL, then ``SET dedup:{id} fingerprint EX ttl``.
+6. Report the batch finished: only now may the consumer thread store its offset for commit.
+
+A crash or error anywhere repeats the batch from step 1 (here, or at the next owner after a
+replay): every step is safe to repeat. Transient failures are retried here with backoff, so
+the partition makes no progress and commits nothing until the dependency is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import structlog
+
+from service import metrics
+from service.adapters.postgres import ClaimLost, DataRejected
+from service.dead_letter import SourceMessage, dead_letter_headers
+from service.domain.decision import Kind, Outcome, Result, StoredResult, classify
+from service.domain.errors import (
+    DeadLetterReason,
+    InvalidMessage,
+    PublishFailed,
+    StoreUnavailable,
+    TransientError,
+)
+from service.domain.events import encode_event, result_event
+from service.domain.messages import Authorization, decode_authorization
+from service.faults import FaultInjector
+
+log = structlog.get_logger(__name__)
+
+
+class Message(SourceMessage, Protocol):
+    def value(self) -> bytes | None: ...
+    def key(self) -> bytes | None: ...
+
+
+class Store(Protocol):
+    async def load_stored(self, txn_ids: Sequence[str]) -> dict[str, StoredResult]: ...
+    async def authorize(
+        self,
+        new: Sequence[Authorization],
+        *,
+        source_topic: str,
+        source_partition: int,
+        source_offsets: Sequence[int],
+    ) -> list[StoredResult]: ...
+    async def mark_published(self, txn_ids: Sequence[str]) -> None: ...
+
+
+class Cache(Protocol):
+    @property
+    def up(self) -> bool: ...
+    async def get_many(self, txn_ids: Sequence[str]) -> dict[str, str]: ...
+    async def set_many(self, fingerprints: dict[str, str]) -> bool: ...
+
+
+class Sender(Protocol):
+    async def send(
+        self,
+        topic: str,
+        *,
+        key: bytes | str | None,
+        value: bytes | None,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> asyncio.Future[None]: ...
+
+
+@dataclass
+class _Plan:
+    """What to do with each message of the batch, filled in by the steps."""
+
+    # (message, outcome, layer or dead-letter reason, the validated request if any)
+    outcomes: list[tuple[Message, Outcome, str | None, Authorization | None]] = field(
+        default_factory=list
+    )
+    events: dict[str, tuple[StoredResult, bool]] = field(default_factory=dict)  # id → (, repeat)
+    dead_letters: list[tuple[Message, DeadLetterReason, str]] = field(default_factory=list)
+    cache: dict[str, str] = field(default_factory=dict)  # txn_id → fingerprint, after publish
+
+
+@dataclass(frozen=True)
+class Topics:
+    output: str
+    dlq: str
+
+
+class BatchProcessor:
+    def __init__(
+        self,
+        store: Store,
+        cache: Cache,
+        sender: Sender,
+        topics: Topics,
+        *,
+        faults: FaultInjector | None = None,
+        max_message_bytes: int = 65_536,
+        backoff_initial: float = 0.1,
+        backoff_max: float = 10.0,
+    ) -> None:
+        self._store = store
+        self._cache = cache
+        self._sender = sender
+        self._topics = topics
+        self._faults = faults or FaultInjector("")
+        self._max_bytes = max_message_bytes
+        self._backoff_initial = backoff_initial
+        self._backoff_max = backoff_max
+        self.store_ok = True
+
+    async def process(self, msgs: Sequence[Message]) -> None:
+        """Process one partition's batch until it is done; retries transient failures."""
+        attempt = 0
+        started = time.perf_counter()
+        while True:
+            try:
+                plan = await self._run_once(msgs)
+                break
+            except TransientError as exc:
+                attempt += 1
+                cause = _cause(exc)
+                metrics.retries_total.labels(cause).inc()
+                if isinstance(exc, StoreUnavailable):
+                    self.store_ok = False
+                delay = min(self._backoff_max, self._backoff_initial * 2 ** min(attempt, 20))
+                delay *= random.uniform(0.5, 1.0)  # jitter: replicas do not retry in step
+                log.warning(
+                    "batch_retry", cause=cause, attempt=attempt, delay_s=round(delay, 3),
+                    partition=msgs[0].partition(), first_offset=msgs[0].offset(),
+                    error=str(exc)[:300],
+                )
+                await asyncio.sleep(delay)
+        self.store_ok = True
+        self._account(plan)
+        metrics.processing_seconds.observe(time.perf_counter() - started)
+
+    # ------------------------------------------------------------------ steps
+    async def _run_once(self, msgs: Sequence[Message]) -> _Plan:
+        plan = _Plan()
+        # 1. decode
+        valid: list[tuple[Message, Authorization]] = []
+        for msg in msgs:
+            try:
+                valid.append((msg, decode_authorization(msg.value(), max_bytes=self._max_bytes)))
+            except InvalidMessage as exc:
+                plan.dead_letters.append((msg, exc.reason, exc.detail))
+                plan.outcomes.append((msg, Outcome.INVALID, exc.reason.value, None))
+
+        # 2. Redis fast path
+        started = time.perf_counter()
+        known = await self._cache.get_many([a.transaction_id for _, a in valid])
+        metrics.dedup_lookup_seconds.labels("redis").observe(time.perf_counter() - started)
+        metrics.redis_up.set(1 if self._cache.up else 0)
+        to_store: list[tuple[Message, Authorization]] = []
+        for msg, auth in valid:
+            if known.get(auth.transaction_id) == auth.fingerprint:
+                plan.outcomes.append((msg, Outcome.DUPLICATE, "redis", auth))
+            else:
+                to_store.append((msg, auth))
+
+        # 3. PostgreSQL
+        if to_store:
+            await self._decide(to_store, plan)
+
+        # 4. publish results and dead letters; wait for every acknowledgement
+        await self._publish(plan)
+        self._faults.reach("after_publish")
+
+        # 5. confirm publication, then (only now) the Redis fast path
+        if plan.events:
+            try:
+                await self._store.mark_published(list(plan.events))
+            except (TransientError, DataRejected) as exc:
+                # Harmless: a later duplicate republishes the same event_id once more.
+                log.warning("mark_published_failed", error=str(exc)[:300])
+        if plan.cache:
+            await self._cache.set_many(plan.cache)
+            metrics.redis_up.set(1 if self._cache.up else 0)
+        self._faults.reach("after_redis_set")
+        return plan
+
+    async def _decide(self, items: list[tuple[Message, Authorization]], plan: _Plan) -> None:
+        auths = [a for _, a in items]
+        started = time.perf_counter()
+        stored = await self._store.load_stored(list({a.transaction_id for a in auths}))
+        metrics.dedup_lookup_seconds.labels("postgres").observe(time.perf_counter() - started)
+        classified = classify(auths, stored)
+        new_items = [(m, c.auth) for (m, _), c in zip(items, classified, strict=True)
+                     if c.kind is Kind.NEW]
+        decided = await self._authorize(new_items, plan)
+        first_results = {r.transaction_id: r for r in decided}
+
+        for (msg, auth), c in zip(items, classified, strict=True):
+            if c.kind is Kind.NEW:
+                record = first_results.get(auth.transaction_id)
+                if record is None:
+                    continue  # dead-lettered by _authorize
+                outcome = Outcome.APPROVED if record.result is Result.APPROVED else Outcome.DECLINED
+                plan.outcomes.append((msg, outcome, None, auth))
+                plan.events[auth.transaction_id] = (record, False)
+                plan.cache[auth.transaction_id] = auth.fingerprint
+            elif c.kind is Kind.DUPLICATE:
+                plan.outcomes.append((msg, Outcome.DUPLICATE, "postgres", auth))
+                if c.previous is not None:
+                    if not c.previous.published:
+                        # Decided earlier but its event was never confirmed: publish it again.
+                        plan.events.setdefault(auth.transaction_id, (c.previous, True))
+                    plan.cache[auth.transaction_id] = auth.fingerprint
+            else:
+                plan.outcomes.append((msg, Outcome.CONFLICT, None, auth))
+                plan.dead_letters.append(
+                    (msg, DeadLetterReason.IDEMPOTENCY_KEY_CONFLICT,
+                     "transaction_id already seen with a different amount, currency, account "
+                     "or type; nothing was debited")
+                )
+
+    async def _authorize(
+        self, items: list[tuple[Message, Authorization]], plan: _Plan
+    ) -> list[StoredResult]:
+        """Commit the new ones; if PostgreSQL rejects the data itself, find the message(s)
+        responsible one by one and dead-letter them, so one bad row cannot block the rest."""
+        if not items:
+            return []
+        try:
+            records = await self._commit(items)
+        except DataRejected as exc:
+            if len(items) == 1:
+                msg = items[0][0]
+                plan.dead_letters.append((msg, DeadLetterReason.SCHEMA_VIOLATION,
+                                          f"rejected by the database: {str(exc)[:200]}"))
+                plan.outcomes.append((msg, Outcome.INVALID, "database", items[0][1]))
+                return []
+            records = []
+            for item in items:
+                records.extend(await self._authorize([item], plan))
+        return records
+
+    async def _commit(self, items: list[tuple[Message, Authorization]]) -> list[StoredResult]:
+        first = items[0][0]
+        records = await self._store.authorize(
+            [a for _, a in items],
+            source_topic=first.topic() or "",
+            source_partition=first.partition() or 0,
+            source_offsets=[m.offset() or 0 for m, _ in items],
+        )
+        self._faults.reach("after_db_commit")
+        return records
+
+    async def _publish(self, plan: _Plan) -> None:
+        futures = []
+        for record, _repeat in plan.events.values():
+            futures.append(await self._sender.send(
+                self._topics.output,
+                key=record.account_id,
+                value=encode_event(result_event(record)),
+            ))
+        for msg, reason, detail in plan.dead_letters:
+            futures.append(await self._sender.send(
+                self._topics.dlq,
+                key=msg.key(),
+                value=msg.value(),
+                headers=dead_letter_headers(msg, reason, detail),
+            ))
+        if futures:
+            results = await asyncio.gather(*futures, return_exceptions=True)
+            failures = [r for r in results if isinstance(r, BaseException)]
+            if failures:
+                raise PublishFailed(f"{len(failures)} of {len(futures)} not acknowledged: "
+                                    f"{failures[0]}")
+        for _record, repeat in plan.events.values():
+            metrics.events_published_total.labels("republish" if repeat else "first").inc()
+
+    # ------------------------------------------------------------- accounting
+    def _account(self, plan: _Plan) -> None:
+        for msg, outcome, detail, auth in plan.outcomes:
+            metrics.messages_total.labels(outcome.value).inc()
+            fields: dict[str, object] = {
+                "partition": msg.partition(), "offset": msg.offset(), "outcome": outcome.value,
+            }
+            if auth is not None:  # validated, so no card data can be in these fields
+                fields["transaction_id"] = auth.transaction_id
+                fields["message_id"] = auth.message_id
+            if outcome is Outcome.DUPLICATE:
+                metrics.duplicates_total.labels(detail or "postgres").inc()
+                log.warning("duplicate", layer=detail, **fields)
+            elif outcome is Outcome.INVALID:
+                log.warning("dead_lettered", reason=detail, **fields)
+            elif outcome is Outcome.CONFLICT:
+                log.warning("idempotency_key_conflict", **fields)
+            else:
+                log.info("decided", **fields)
+        for _msg, reason, _detail in plan.dead_letters:
+            metrics.dead_letters_total.labels(reason.value).inc()
+
+
+def _cause(exc: TransientError) -> str:
+    if isinstance(exc, StoreUnavailable):
+        return "store_unavailable"
+    if isinstance(exc, ClaimLost):
+        return "claim_lost"
+    if isinstance(exc, PublishFailed):
+        return "publish_failed"
+    return "transient"

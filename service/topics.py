@@ -1,0 +1,47 @@
+"""Create the service's topics (input, output, dead-letter) if they are missing."""
+
+from __future__ import annotations
+
+import time
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from service.adapters.kafka import client_config
+from service.config import Settings
+
+
+def wait_for_broker(admin: AdminClient, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            admin.list_topics(timeout=5)
+            return
+        except KafkaException:
+            if time.monotonic() > deadline:
+                raise
+
+
+def ensure_topics(
+    settings: Settings, *, partitions: int = 12, wait_seconds: float = 60
+) -> list[str]:
+    """Create what is missing; return the names created."""
+    admin = AdminClient(client_config(settings))
+    wait_for_broker(admin, wait_seconds)
+    existing = set(admin.list_topics(timeout=10).topics)
+    wanted = [
+        NewTopic(settings.input_topic, num_partitions=partitions, replication_factor=-1),
+        NewTopic(settings.output_topic, num_partitions=partitions, replication_factor=-1),
+        NewTopic(settings.dlq_topic, num_partitions=partitions, replication_factor=-1),
+    ]
+    missing = [t for t in wanted if t.topic not in existing]
+    created = []
+    if missing:
+        for name, future in admin.create_topics(missing, operation_timeout=30).items():
+            try:
+                future.result()
+                created.append(name)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise
+    return created

@@ -1,0 +1,144 @@
+"""``payauth run``: wires the worker together (the one composition root) and runs it until
+SIGTERM/SIGINT, then shuts down in order:
+
+    stop taking new messages → finish batches in progress → store and synchronously commit
+    their offsets → close the consumer (leaves the group) → flush the producer → exit 0
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import structlog
+from confluent_kafka import Producer
+
+from service import metrics
+from service.adapters.kafka import ConsumerThread, Handoff, OffsetTracker, Publisher, producer_config
+from service.adapters.postgres import PostgresStore
+from service.adapters.redis_cache import RedisDedupCache
+from service.config import Settings
+from service.dispatcher import Dispatcher
+from service.domain.errors import StoreUnavailable
+from service.faults import FaultInjector
+from service.health import Health, serve_http
+from service.pipeline import BatchProcessor, Topics
+
+log = structlog.get_logger(__name__)
+
+
+async def connect_store(settings: Settings, stop: asyncio.Event) -> PostgresStore | None:
+    """Connect to PostgreSQL, retrying with backoff while it is down (None if stopped)."""
+    delay = settings.retry_backoff_initial_ms / 1000
+    while not stop.is_set():
+        try:
+            return await PostgresStore.connect(
+                settings.database_url.get_secret_value(),
+                min_size=settings.db_pool_min,
+                max_size=settings.db_pool_max,
+                statement_timeout_ms=settings.statement_timeout_ms,
+                lock_timeout_ms=settings.lock_timeout_ms,
+            )
+        except StoreUnavailable as exc:
+            log.warning("postgres_unavailable_at_start", error=str(exc)[:300], retry_in_s=delay)
+            try:
+                await asyncio.wait_for(stop.wait(), delay)
+            except TimeoutError:
+                pass
+            delay = min(delay * 2, settings.retry_backoff_max_ms / 1000)
+    return None
+
+
+async def run_worker(settings: Settings) -> int:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    health = Health()
+    http = serve_http(settings.metrics_port, health)
+    log.info("worker_starting", group_id=settings.group_id, topic=settings.input_topic,
+             instance=settings.instance_id(), metrics_port=http.server_address[1])
+
+    store = await connect_store(settings, stop)
+    if store is None:
+        http.shutdown()
+        return 0
+    health.postgres_ok = True
+    cache = RedisDedupCache.from_url(
+        settings.redis_url.get_secret_value(),
+        ttl_seconds=settings.dedup_ttl_seconds,
+        timeout_seconds=settings.redis_timeout_seconds,
+    )
+    metrics.redis_up.set(1 if await cache.ping() else 0)
+    publisher = Publisher(Producer(producer_config(settings)), loop)
+    processor = BatchProcessor(
+        store, cache, publisher,
+        Topics(output=settings.output_topic, dlq=settings.dlq_topic),
+        faults=FaultInjector(settings.fault_point),
+        max_message_bytes=settings.max_message_bytes,
+        backoff_initial=settings.retry_backoff_initial_ms / 1000,
+        backoff_max=settings.retry_backoff_max_ms / 1000,
+    )
+    tracker = OffsetTracker()
+    dispatcher = Dispatcher(
+        processor, tracker,
+        max_batch=settings.max_batch_size,
+        close_timeout=settings.shutdown_timeout_seconds * 0.8,
+    )
+    consumer = ConsumerThread(settings, Handoff(loop, dispatcher), tracker, health)
+    consumer.start()
+    background = [
+        asyncio.create_task(_heartbeat(health, processor, store)),
+        asyncio.create_task(_count_dedup_records(store)),
+    ]
+
+    exit_code = 0
+    try:
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), 0.5)
+            except TimeoutError:
+                pass
+            if consumer.stopped.is_set():
+                log.error("consumer_stopped", error=repr(consumer.fatal))
+                exit_code = 1
+                break
+            failure = dispatcher.failed()
+            if failure is not None:
+                log.error("partition_task_failed", error=repr(failure))
+                exit_code = 1
+                break
+    finally:
+        log.info("worker_stopping")
+        await dispatcher.drain()
+        consumer.stop()
+        # The consumer thread stores and commits what finished and closes; keep the loop
+        # running meanwhile, since its revoke callback calls back into it.
+        await loop.run_in_executor(None, consumer.join, settings.shutdown_timeout_seconds)
+        await loop.run_in_executor(None, publisher.close)
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
+        await cache.close()
+        await store.close()
+        http.shutdown()
+        log.info("worker_stopped", exit_code=exit_code)
+    return exit_code
+
+
+async def _heartbeat(health: Health, processor: BatchProcessor, store: PostgresStore) -> None:
+    """Tick the loop's liveness and keep readiness' view of PostgreSQL current."""
+    while True:
+        health.loop_heartbeat()
+        health.postgres_ok = processor.store_ok and await store.ping()
+        await asyncio.sleep(2)
+
+
+async def _count_dedup_records(store: PostgresStore, every_seconds: float = 60) -> None:
+    while True:
+        try:
+            metrics.dedup_records.set(await store.count_dedup_records())
+        except Exception as exc:
+            log.debug("dedup_count_failed", error=str(exc)[:200])
+        await asyncio.sleep(every_seconds)
