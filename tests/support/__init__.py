@@ -1,0 +1,1 @@
+"""Helpers shared by the test tiers (message factories, the local stack, worker processes)."""

@@ -1,0 +1,266 @@
+"""The real services the integration tests talk to: PostgreSQL, Redis and Kafka from the
+local stack (``make stack-up``). Every test gets its own database, topics and group, so
+tests neither see each other's data nor depend on order."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+ROOT = Path(__file__).resolve().parents[2]
+BOOTSTRAP = os.environ.get("PAYAUTH_KAFKA_BOOTSTRAP_SERVERS", "localhost:9092")
+PG_ADMIN_DSN = os.environ.get("PAYAUTH_TEST_ADMIN_DSN", "postgresql://localhost:5432/postgres")
+REDIS_URL = os.environ.get("PAYAUTH_REDIS_URL", "redis://localhost:6379/0")
+TEMPLATE_DB = "payauth_test_template"
+
+
+def port_open(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, port)) == 0
+
+
+def require_stack() -> None:
+    missing = [name for name, port in (("PostgreSQL", 5432), ("Redis", 6379), ("Kafka", 9092))
+               if not port_open("127.0.0.1", port)]
+    if missing:
+        raise RuntimeError(
+            f"{', '.join(missing)} not running on localhost: start the stack with `make stack-up`"
+        )
+
+
+def dsn_for(database: str) -> str:
+    return PG_ADMIN_DSN.rsplit("/", 1)[0] + "/" + database
+
+
+async def ensure_template() -> None:
+    """A migrated template database; each test clones it (much faster than migrating)."""
+    from service.migrate import migrate
+
+    conn = await asyncpg.connect(PG_ADMIN_DSN)
+    try:
+        exists = await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", TEMPLATE_DB)
+        if exists:
+            await conn.execute(f'DROP DATABASE "{TEMPLATE_DB}" WITH (FORCE)')
+        await conn.execute(f'CREATE DATABASE "{TEMPLATE_DB}"')
+    finally:
+        await conn.close()
+    await migrate(dsn_for(TEMPLATE_DB))
+
+
+async def create_database() -> str:
+    name = f"payauth_t_{uuid.uuid4().hex[:10]}"
+    conn = await asyncpg.connect(PG_ADMIN_DSN)
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{TEMPLATE_DB}"')
+    finally:
+        await conn.close()
+    return name
+
+
+async def drop_database(name: str) -> None:
+    conn = await asyncpg.connect(PG_ADMIN_DSN)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+@dataclass
+class Env:
+    """One test's world: a database, three topics, a consumer group, a Redis key space."""
+
+    database: str
+    input_topic: str
+    output_topic: str
+    dlq_topic: str
+    group_id: str
+    partitions: int
+    redis_url: str = REDIS_URL
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def dsn(self) -> str:
+        return dsn_for(self.database)
+
+    def worker_env(self, **overrides: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PAYAUTH_")}
+        env.update(
+            PAYAUTH_KAFKA_BOOTSTRAP_SERVERS=BOOTSTRAP,
+            PAYAUTH_GROUP_ID=self.group_id,
+            PAYAUTH_INPUT_TOPIC=self.input_topic,
+            PAYAUTH_OUTPUT_TOPIC=self.output_topic,
+            PAYAUTH_DLQ_TOPIC=self.dlq_topic,
+            PAYAUTH_DATABASE_URL=self.dsn,
+            PAYAUTH_REDIS_URL=self.redis_url,
+            PAYAUTH_METRICS_PORT="0",
+            PAYAUTH_LOG_FORMAT="json",
+            PAYAUTH_SESSION_TIMEOUT_MS="6000",
+            PAYAUTH_COMMIT_INTERVAL_MS="200",
+        )
+        env.update(self.extra)
+        env.update(overrides)
+        return env
+
+
+def create_topics(names: dict[str, int]) -> None:
+    """Create topics {name: partitions} and wait until the broker lists every partition."""
+    admin = AdminClient({"bootstrap.servers": BOOTSTRAP})
+    futures = admin.create_topics(
+        [NewTopic(n, num_partitions=p, replication_factor=1) for n, p in names.items()],
+        operation_timeout=30,
+    )
+    for future in futures.values():
+        future.result()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        topics = admin.list_topics(timeout=5).topics
+        if all(n in topics and len(topics[n].partitions) == p for n, p in names.items()):
+            return
+        time.sleep(0.1)
+
+
+def delete_topics(names: list[str]) -> None:
+    admin = AdminClient({"bootstrap.servers": BOOTSTRAP})
+    for future in admin.delete_topics(names, operation_timeout=30).values():
+        try:
+            future.result()
+        except Exception:
+            pass
+
+
+def producer() -> Producer:
+    return Producer({"bootstrap.servers": BOOTSTRAP, "enable.idempotence": True,
+                     "linger.ms": 5})
+
+
+def produce(
+    topic: str,
+    records: Iterable[tuple[bytes | str | None, bytes | None]],
+    *,
+    partition: int | None = None,
+) -> int:
+    """Produce (key, value) records and wait for every acknowledgement; return the count."""
+    p = producer()
+    errors: list[Any] = []
+    count = 0
+    for key, value in records:
+        kwargs: dict[str, Any] = {"key": key, "value": value,
+                                  "on_delivery": lambda err, _m: errors.append(err) if err else None}
+        if partition is not None:
+            kwargs["partition"] = partition
+        while True:
+            try:
+                p.produce(topic, **kwargs)
+                break
+            except BufferError:
+                p.poll(0.1)
+        count += 1
+    assert p.flush(30) == 0, "producer did not flush"
+    assert not errors, f"delivery failed: {errors[:3]}"
+    return count
+
+
+def read_topic(topic: str, *, expect: int | None = None, timeout: float = 30) -> list[Any]:
+    """Every record of ``topic`` from the beginning (waits for ``expect`` records if given)."""
+    consumer = Consumer({
+        "bootstrap.servers": BOOTSTRAP, "group.id": f"reader-{uuid.uuid4().hex}",
+        "enable.auto.commit": False, "auto.offset.reset": "earliest",
+    })
+    try:
+        metadata = consumer.list_topics(topic, timeout=10).topics[topic]
+        tps = [TopicPartition(topic, p, 0) for p in metadata.partitions]
+        highs = {tp.partition: consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in tps}
+        consumer.assign(tps)
+        records: list[Any] = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for msg in consumer.consume(500, timeout=0.5):
+                if msg.error() is None:
+                    records.append(msg)
+            positions = {tp.partition: tp.offset for tp in consumer.position(tps)}
+            caught_up = all(positions.get(p, 0) >= h for p, h in highs.items() if h > 0)
+            if expect is None and caught_up:
+                break
+            if expect is not None and len(records) >= expect:
+                break
+            if expect is not None and caught_up:
+                # New records may still arrive: refresh the high watermarks.
+                highs = {tp.partition: consumer.get_watermark_offsets(tp, timeout=10)[1]
+                         for tp in tps}
+                time.sleep(0.2)
+        return records
+    finally:
+        consumer.close()
+
+
+def events_of(records: list[Any]) -> list[dict[str, Any]]:
+    return [json.loads(r.value()) for r in records]
+
+
+def committed_offsets(group_id: str, topic: str, partitions: int) -> dict[int, int]:
+    consumer = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": group_id,
+                         "enable.auto.commit": False})
+    try:
+        got = consumer.committed([TopicPartition(topic, p) for p in range(partitions)],
+                                 timeout=10)
+        return {tp.partition: tp.offset for tp in got}
+    finally:
+        consumer.close()
+
+
+def end_offsets(topic: str, partitions: int) -> dict[int, int]:
+    consumer = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": "watermarks"})
+    try:
+        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+                for p in range(partitions)}
+    finally:
+        consumer.close()
+
+
+async def seed_accounts(dsn: str, accounts: Iterable[tuple[str, Decimal | str, str]],
+                        status: str = "ACTIVE") -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.executemany(
+            "INSERT INTO accounts (account_id, balance, opening_balance, currency, status) "
+            "VALUES ($1, $2::numeric, $2::numeric, $3, $4)",
+            [(a, str(b), c, status) for a, b, c in accounts],
+        )
+    finally:
+        await conn.close()
+
+
+def redis_server(port: int, directory: Path) -> subprocess.Popen[bytes]:
+    """A private redis-server the test may stop and start at will."""
+    proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no", "--dir", str(directory)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 10
+    while not port_open("127.0.0.1", port):
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError("redis-server did not start")
+        time.sleep(0.05)
+    return proc
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
