@@ -58,7 +58,6 @@ _RETRYABLE = (
     asyncpg.SerializationError,
     asyncpg.LockNotAvailableError,
     asyncpg.QueryCanceledError,  # statement_timeout
-    asyncpg.UniqueViolationError,  # a concurrent replica inserted the same ledger txn_id
 )
 _UNAVAILABLE = (
     OSError,
@@ -120,6 +119,7 @@ WITH input AS (
     SELECT txn_id, account_id, delta, currency, auth_type, $14
       FROM input
      WHERE result = 'APPROVED'
+        ON CONFLICT (txn_id) DO NOTHING
     RETURNING 1
 ), moved AS (
     UPDATE accounts a
@@ -129,7 +129,7 @@ WITH input AS (
      WHERE a.account_id = d.account_id
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM claimed) AS claimed
+SELECT (SELECT count(*) FROM claimed) AS claimed, (SELECT count(*) FROM ledger) AS ledger
 """
 
 _MARK_PUBLISHED = """
@@ -140,6 +140,9 @@ UPDATE processed_transactions SET published_at = $2
 
 def translate(exc: BaseException) -> BaseException:
     """Map an asyncpg/socket error to the service's own error (or return it unchanged)."""
+    if isinstance(exc, asyncpg.UniqueViolationError):
+        # Both claims use ON CONFLICT, so this is another replica's concurrent insert.
+        return ClaimLost(f"unique violation on {exc.constraint_name}: another replica won")
     if isinstance(exc, _RETRYABLE):
         return TransientError(f"{type(exc).__name__}: retry")
     if isinstance(exc, _UNAVAILABLE):
@@ -232,7 +235,7 @@ class PostgresStore:
                     for r in rows
                 }
                 decisions = decide_in_order(new, accounts)
-                claimed = await conn.fetchval(
+                written = await conn.fetchrow(
                     _WRITE_BATCH,
                     [a.transaction_id for a in new],
                     [a.account_id for a in new],
@@ -250,9 +253,13 @@ class PostgresStore:
                     processed_at,
                     source_topic,
                 )
-                if claimed != len(new):
+                approved = sum(d.result is Result.APPROVED for d in decisions)
+                if written["claimed"] != len(new) or written["ledger"] != approved:
                     # Leaving the block with an exception rolls the whole batch back.
-                    raise ClaimLost(f"claimed {claimed} of {len(new)}; another replica won")
+                    raise ClaimLost(
+                        f"claimed {written['claimed']} of {len(new)} (ledger "
+                        f"{written['ledger']} of {approved}); another replica decided first"
+                    )
         except (ClaimLost, DataRejected):
             raise
         except Exception as exc:

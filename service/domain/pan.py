@@ -1,6 +1,8 @@
 """Detect raw card numbers (PANs) so that a message carrying one is refused, not stored.
 
-A PAN is 13 to 19 digits, possibly grouped by spaces or dashes, that pass the Luhn check.
+A PAN is 13 to 19 digits, possibly grouped by spaces or dashes, that pass the Luhn check,
+standing on its own: a digit run inside a longer token (a hex digest such as the card hash,
+an id like "TXN9876543210987654A") is not a card number, or every 1,000th hash would be.
 """
 
 from __future__ import annotations
@@ -8,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-_CANDIDATE = re.compile(r"(?<!\d)(?:\d[ -]?){12,18}\d(?!\d)")
+_CANDIDATE = re.compile(r"(?<![0-9A-Za-z])(?:\d[ -]?){12,18}\d(?![0-9A-Za-z])")
 
 
 def luhn_valid(digits: str) -> bool:

@@ -1,0 +1,72 @@
+"""A loopback TCP proxy that a test can cut and restore: a real network fault between the
+worker and a dependency (connections reset, new ones refused), without stopping the
+dependency for every other user of the stack."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+
+
+class TcpProxy:
+    def __init__(self, target_port: int, target_host: str = "127.0.0.1") -> None:
+        self._target = (target_host, target_port)
+        self._listener = socket.socket()
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(128)
+        self.port = int(self._listener.getsockname()[1])
+        self._lock = threading.Lock()
+        self._conns: list[socket.socket] = []
+        self._up = True
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            if not self._up:
+                client.close()
+                continue
+            try:
+                upstream = socket.create_connection(self._target, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def cut(self) -> None:
+        """Reset every open connection and refuse new ones."""
+        self._up = False
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for s in conns:
+            with contextlib.suppress(OSError):
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                s.close()
+
+    def restore(self) -> None:
+        self._up = True
+
+    def close(self) -> None:
+        self.cut()
+        self._closed = True
+        self._listener.close()
