@@ -43,6 +43,13 @@ def _cmd_topics(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
+    from service.demo import run_demo
+
+    return run_demo(settings, transactions=args.transactions, accounts=args.accounts,
+                    seed=args.seed, log_dir=Path(args.log_dir))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="payauth",
@@ -64,6 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--partitions", type=int, default=12)
     p.add_argument("--wait", type=float, default=60, help="seconds to wait for the broker")
     p.set_defaults(func=_cmd_topics)
+
+    p = sub.add_parser("demo", help="the end-to-end demo on the local stack (make demo)")
+    p.add_argument("--transactions", type=int, default=3000)
+    p.add_argument("--accounts", type=int, default=200)
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--log-dir", default=".demo")
+    p.set_defaults(func=_cmd_demo)
     return parser
 
 

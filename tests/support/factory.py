@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
+from decimal import Decimal
 from typing import Any
 
 
@@ -47,4 +48,12 @@ def auth_message(
 
 
 def encode(message: dict[str, Any]) -> bytes:
-    return json.dumps(message).encode()
+    """JSON bytes; a Decimal amount is written as a JSON number, digits unchanged."""
+    text = json.dumps(message, default=_decimal_as_number)
+    return text.replace('"@@DECIMAL:', "").replace(':DECIMAL@@"', "").encode()
+
+
+def _decimal_as_number(value: object) -> str:
+    if isinstance(value, Decimal):
+        return f"@@DECIMAL:{value}:DECIMAL@@"
+    raise TypeError(f"cannot encode {type(value).__name__}")

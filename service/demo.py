@@ -1,0 +1,317 @@
+"""``payauth demo``: the main job end to end on the local stack, with a ground truth.
+
+Seeds demo accounts, starts two workers in one consumer group, produces a stream with every
+kind of duplicate (same message redelivered, producer retry with a new message_id, the same
+transaction keyed onto another partition, late redeliveries), declines, conflicts and bad
+input; waits until the group has committed everything; prints what was expected next to
+what the workers counted, and the ``payauth verify`` verdict. Exit 0 only if all agree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections import Counter
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from service.config import Settings
+from service.topics import ensure_topics
+from service.verify import report, verify
+
+
+def authorization_message(
+    transaction_id: str,
+    *,
+    account_id: str,
+    amount: Any,
+    currency: str = "EUR",
+    authorization_type: str = "PURCHASE",
+    message_id: str | None = None,
+    merchant: str = "Amazon.es",
+    **body_overrides: Any,
+) -> dict[str, Any]:
+    """An authorization request as the payment network sends it (contract format)."""
+    body: dict[str, Any] = {
+        "transaction_id": transaction_id,
+        "card_number_hash": "sha256:" + hashlib.sha256(transaction_id.encode()).hexdigest(),
+        "account_id": account_id,
+        "amount": amount,
+        "currency": currency,
+        "merchant": merchant,
+        "merchant_category": "5411",
+        "authorization_type": authorization_type,
+    }
+    body.update(body_overrides)
+    return {
+        "headers": {
+            "message_id": message_id or f"msg-{uuid.uuid4().hex[:16]}",
+            "correlation_id": f"corr-{transaction_id}",
+            "timestamp": "2026-04-07T14:32:15Z",
+            "source": "payment-network-gateway",
+        },
+        "body": body,
+    }
+
+
+class DemoStream:
+    """Builds the records to send and counts what each should become."""
+
+    def __init__(self, run: str, accounts: dict[str, tuple[Decimal, str, str]],
+                 partitions: int, rng: random.Random) -> None:
+        self.run = run
+        self.accounts = accounts
+        self.partitions = partitions
+        self.rng = rng
+        self.expected: Counter[str] = Counter()
+        self.first_wave: list[tuple[str, bytes, int | None]] = []
+        self.late_wave: list[tuple[str, bytes, int | None]] = []
+        self._sent_valid: list[tuple[str, bytes]] = []
+        self._seq = 0
+
+    def _txn(self) -> str:
+        self._seq += 1
+        return f"DEMO-{self.run}-{self._seq:06d}"
+
+    def _add(self, key: str, message: dict[str, Any] | bytes, outcome: str,
+             partition: int | None = None, late: bool = False) -> bytes:
+        raw = message if isinstance(message, bytes) else json.dumps(message).encode()
+        (self.late_wave if late else self.first_wave).append((key, raw, partition))
+        self.expected[outcome] += 1
+        return raw
+
+    def build(self, n_new: int) -> None:
+        active = [a for a, (_, cur, st) in self.accounts.items() if st == "ACTIVE" and cur == "EUR"]
+        poor = [a for a in active if self.accounts[a][0] < 50]
+        blocked = [a for a, (_, _, st) in self.accounts.items() if st == "BLOCKED"]
+        usd = [a for a, (_, cur, st) in self.accounts.items() if cur == "USD" and st == "ACTIVE"]
+        for _ in range(n_new):
+            roll = self.rng.random()
+            txn = self._txn()
+            if roll < 0.04:
+                acc = self.rng.choice(poor)
+                msg = authorization_message(txn, account_id=acc, amount="5000.00")
+                outcome = "declined"
+            elif roll < 0.06:
+                acc = f"GHOST-{self.run}-{self._seq}"
+                msg = authorization_message(txn, account_id=acc, amount="12.00")
+                outcome = "declined"
+            elif roll < 0.08:
+                acc = self.rng.choice(usd)
+                msg = authorization_message(txn, account_id=acc, amount="12.00", currency="EUR")
+                outcome = "declined"
+            elif roll < 0.09:
+                acc = self.rng.choice(blocked)
+                msg = authorization_message(txn, account_id=acc, amount="3.00")
+                outcome = "declined"
+            elif roll < 0.12:
+                acc = self.rng.choice(active)
+                msg = authorization_message(txn, account_id=acc, amount="15.00",
+                                            authorization_type="REFUND")
+                outcome = "approved"
+            else:
+                acc = self.rng.choice([a for a in active if a not in poor])
+                amount = f"{self.rng.randint(1, 4000) / 100:.2f}"
+                msg = authorization_message(txn, account_id=acc, amount=amount)
+                outcome = "approved"
+            raw = self._add(acc, msg, outcome)
+            self._sent_valid.append((acc, raw))
+            self._duplicates(acc, msg, raw)
+        self._bad_input()
+
+    def _duplicates(self, acc: str, msg: dict[str, Any], raw: bytes) -> None:
+        roll = self.rng.random()
+        if roll < 0.05:  # the broker redelivers the very same message
+            self._add(acc, raw, "duplicate")
+        elif roll < 0.08:  # the network's producer retries with a new message_id
+            retry = {**msg, "headers": {**msg["headers"], "message_id": f"retry-{uuid.uuid4().hex[:12]}"}}
+            self._add(acc, retry, "duplicate")
+        elif roll < 0.10:  # the same transaction lands on another partition
+            self._add(acc, raw, "duplicate", partition=self.rng.randrange(self.partitions))
+        elif roll < 0.15:  # redelivered later, after it was decided (the Redis fast path)
+            self._add(acc, raw, "duplicate", late=True)
+
+    def _bad_input(self) -> None:
+        acc = next(iter(self.accounts))
+        for raw in (b'{"headers": {"message_id": "broken"', b"\xff\xfe not utf-8"):
+            self._add(acc, raw, "invalid")
+        bad_bodies: list[dict[str, Any]] = [
+            {"amount": "NaN"}, {"amount": "12.345"}, {"currency": "eur"},
+            {"merchant": "Card 4111 1111 1111 1111"}, {"authorization_type": "CHARGEBACK"},
+        ]
+        for override in bad_bodies:
+            base = {"account_id": acc, "amount": "1.00", **override}
+            self._add(acc, authorization_message(self._txn(), **base), "invalid")
+        # A conflict: a transaction already sent, now with another amount.
+        acc, raw = self.rng.choice(self._sent_valid)
+        conflicting = json.loads(raw)
+        conflicting["body"]["amount"] = "999.99"
+        conflicting["headers"]["message_id"] = "conflict-" + uuid.uuid4().hex[:8]
+        self._add(acc, conflicting, "conflict", late=True)
+
+
+async def seed_accounts(dsn: str, run: str, n: int, rng: random.Random
+                        ) -> dict[str, tuple[Decimal, str, str]]:
+    accounts: dict[str, tuple[Decimal, str, str]] = {}
+    for i in range(n):
+        account_id = f"ACC-{run}-{i:04d}"
+        if i % 25 == 0:
+            accounts[account_id] = (Decimal("500.00"), "EUR", "BLOCKED")
+        elif i % 20 == 1:
+            accounts[account_id] = (Decimal("1000.00"), "USD", "ACTIVE")
+        elif i % 10 == 2:
+            accounts[account_id] = (Decimal(rng.randint(0, 4000)) / 100, "EUR", "ACTIVE")
+        else:
+            accounts[account_id] = (Decimal(rng.randint(200_000, 900_000)) / 100, "EUR", "ACTIVE")
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.executemany(
+            "INSERT INTO accounts (account_id, balance, opening_balance, currency, status) "
+            "VALUES ($1, $2, $2, $3, $4)",
+            [(a, b, c, s) for a, (b, c, s) in accounts.items()],
+        )
+    finally:
+        await conn.close()
+    return accounts
+
+
+def produce(settings: Settings, records: list[tuple[str, bytes, int | None]]) -> None:
+    producer = Producer({"bootstrap.servers": settings.kafka_bootstrap_servers,
+                         "enable.idempotence": True, "linger.ms": 5})
+    for key, raw, partition in records:
+        kwargs: dict[str, Any] = {"key": key, "value": raw}
+        if partition is not None:
+            kwargs["partition"] = partition
+        while True:
+            try:
+                producer.produce(settings.input_topic, **kwargs)
+                break
+            except BufferError:
+                producer.poll(0.1)
+    if producer.flush(60):
+        raise RuntimeError("demo producer could not deliver every record")
+
+
+def lag(settings: Settings) -> int:
+    consumer = Consumer({"bootstrap.servers": settings.kafka_bootstrap_servers,
+                         "group.id": settings.group_id, "enable.auto.commit": False})
+    try:
+        topic = consumer.list_topics(settings.input_topic, timeout=10).topics[settings.input_topic]
+        tps = [TopicPartition(settings.input_topic, p) for p in topic.partitions]
+        committed = {tp.partition: tp.offset for tp in consumer.committed(tps, timeout=10)}
+        total = 0
+        for tp in tps:
+            low, high = consumer.get_watermark_offsets(tp, timeout=10)
+            position = committed.get(tp.partition, -1)
+            total += high - (position if position >= 0 else low)
+        return total
+    finally:
+        consumer.close()
+
+
+def wait_for_zero_lag(settings: Settings, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while (remaining := lag(settings)) > 0:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"workers did not catch up: {remaining} messages still unread")
+        time.sleep(0.5)
+
+
+def scrape(port: int) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("payauth_") and " " in line:
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def start_worker(name: str, port: int, log_dir: Path) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, PAYAUTH_METRICS_PORT=str(port), PAYAUTH_GROUP_INSTANCE_ID="",
+               PAYAUTH_COMMIT_INTERVAL_MS="200")
+    log = (log_dir / f"{name}.log").open("wb")
+    return subprocess.Popen([sys.executable, "-m", "service", "run"], env=env, stdout=log,
+                            stderr=subprocess.STDOUT)
+
+
+def run_demo(settings: Settings, *, transactions: int, accounts: int, seed: int,
+             log_dir: Path, ports: tuple[int, int] = (9101, 9102)) -> int:
+    rng = random.Random(seed)
+    run = uuid.uuid4().hex[:6]
+    log_dir.mkdir(parents=True, exist_ok=True)
+    dsn = settings.database_url.get_secret_value()
+    print(f"demo: run {run}: {accounts} accounts, {transactions} new authorizations, seed {seed}")
+    ensure_topics(settings)
+    book = asyncio.run(seed_accounts(dsn, run, accounts, rng))
+    partitions = len(Consumer({"bootstrap.servers": settings.kafka_bootstrap_servers,
+                               "group.id": "demo-meta"}).list_topics(
+        settings.input_topic, timeout=10).topics[settings.input_topic].partitions)
+    stream = DemoStream(run, book, partitions, rng)
+    stream.build(transactions)
+
+    workers = [start_worker(f"worker-{i + 1}", port, log_dir) for i, port in enumerate(ports)]
+    try:
+        print(f"demo: two workers started (metrics on :{ports[0]} and :{ports[1]}, "
+              f"logs in {log_dir})")
+        produce(settings, stream.first_wave)
+        print(f"demo: produced {len(stream.first_wave)} records; waiting for the workers")
+        wait_for_zero_lag(settings, timeout=300)
+        produce(settings, stream.late_wave)
+        print(f"demo: produced {len(stream.late_wave)} late redeliveries and a conflict")
+        wait_for_zero_lag(settings, timeout=300)
+        observed: Counter[str] = Counter()
+        for port in ports:
+            for name, value in scrape(port).items():
+                observed[name] += int(value)
+    finally:
+        for proc in workers:
+            proc.send_signal(signal.SIGTERM)
+        for proc in workers:
+            proc.wait(60)
+
+    text, ok = report(asyncio.run(verify(dsn)))
+    return print_summary(stream.expected, observed, text, ok)
+
+
+def print_summary(expected: Counter[str], observed: Counter[str], verdict: str, ok: bool) -> int:
+    def got(outcome: str) -> int:
+        return observed[f'payauth_messages_total{{outcome="{outcome}"}}']
+
+    rows = [(o, expected[o], got(o)) for o in ("approved", "declined", "duplicate", "conflict",
+                                                "invalid")]
+    dead = sum(v for k, v in observed.items() if k.startswith("payauth_dead_letters_total"))
+    print()
+    print(f"{'outcome':<28}{'expected':>10}{'observed':>10}")
+    print("-" * 48)
+    for name, exp, obs in rows:
+        print(f"{name:<28}{exp:>10}{obs:>10}{'' if exp == obs else '   <-- MISMATCH'}")
+    for layer in ("redis", "postgres"):
+        caught = observed['payauth_duplicates_total{layer="' + layer + '"}']
+        print(f"{'  caught by ' + layer:<28}{'':>10}{caught:>10}")
+    print(f"{'dead-lettered':<28}{expected['invalid'] + expected['conflict']:>10}{dead:>10}")
+    for key in sorted(k for k in observed if k.startswith("payauth_dead_letters_total")):
+        reason = key.split('"')[1]
+        print(f"{'  ' + reason:<28}{'':>10}{observed[key]:>10}")
+    print(f"{'total messages':<28}{sum(expected.values()):>10}"
+          f"{sum(got(o) for o, _, _ in rows):>10}")
+    print()
+    print(verdict)
+    agree = all(exp == obs for _, exp, obs in rows)
+    if not agree:
+        print("demo: the workers' counts do not match the ground truth")
+    return 0 if agree and ok else 1

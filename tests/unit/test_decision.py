@@ -1,0 +1,88 @@
+"""Decision rules and batch classification (pure)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+
+from service.domain.decision import (
+    Account,
+    DeclineReason,
+    Kind,
+    Result,
+    StoredResult,
+    classify,
+    decide,
+    decide_in_order,
+)
+from service.domain.messages import Authorization, decode_authorization
+from tests.support.factory import auth_message, encode
+
+
+def auth(txn: str = "T1", **kw: object) -> Authorization:
+    return decode_authorization(encode(auth_message(txn, **kw)))  # type: ignore[arg-type]
+
+
+def account(balance: str = "100.00", currency: str = "EUR", status: str = "ACTIVE") -> Account:
+    return Account("ACC-1", Decimal(balance), currency, status)
+
+
+def test_purchase_within_balance_is_approved_and_debits() -> None:
+    d = decide(auth(amount="40.00"), account())
+    assert (d.result, d.decline_reason, d.delta) == (Result.APPROVED, None, Decimal("-40.00"))
+
+
+def test_exact_balance_is_enough() -> None:
+    assert decide(auth(amount="100.00"), account()).result is Result.APPROVED
+
+
+def test_declines() -> None:
+    assert decide(auth(amount="100.01"), account()).decline_reason is \
+        DeclineReason.INSUFFICIENT_FUNDS
+    assert decide(auth(), None).decline_reason is DeclineReason.UNKNOWN_ACCOUNT
+    assert decide(auth(), account(currency="USD")).decline_reason is \
+        DeclineReason.CURRENCY_MISMATCH
+    assert decide(auth(), account(status="BLOCKED")).decline_reason is \
+        DeclineReason.ACCOUNT_BLOCKED
+    assert decide(auth(amount="1000"), account()).delta == 0
+
+
+def test_refund_credits_even_beyond_the_balance() -> None:
+    d = decide(auth(amount="500.00", authorization_type="REFUND"), account("0"))
+    assert (d.result, d.delta) == (Result.APPROVED, Decimal("500.00"))
+    assert decide(auth(authorization_type="REFUND"), account(status="CLOSED")).result is \
+        Result.DECLINED
+
+
+def test_batch_decisions_see_the_balance_left_by_earlier_ones() -> None:
+    a = account("100.00")
+    decisions = decide_in_order(
+        [auth("T1", amount="60.00"), auth("T2", amount="60.00"),
+         auth("T3", amount="50.00", authorization_type="REFUND"), auth("T4", amount="60.00")],
+        {"ACC-1": a},
+    )
+    assert [d.result for d in decisions] == [Result.APPROVED, Result.DECLINED, Result.APPROVED,
+                                             Result.APPROVED]
+    assert sum(d.delta for d in decisions) == Decimal("-70.00")
+
+
+def stored(a: Authorization, result: Result = Result.APPROVED) -> StoredResult:
+    return StoredResult(a.transaction_id, a.fingerprint, result, None, a.account_id,
+                        a.amount_text, a.currency, a.authorization_type.value, None,
+                        datetime.now(UTC), True)
+
+
+def test_classify_stored_duplicate_and_conflict() -> None:
+    first = auth("T1", amount="10.00")
+    same = auth("T1", amount="10.00", message_id="another")
+    other = auth("T1", amount="11.00")
+    out = classify([same, other, auth("T2")], {"T1": stored(first)})
+    assert [c.kind for c in out] == [Kind.DUPLICATE, Kind.CONFLICT, Kind.NEW]
+    assert out[0].previous is not None and out[0].previous.transaction_id == "T1"
+
+
+def test_classify_within_one_batch_first_occurrence_decides() -> None:
+    a, b, c = auth("T1", amount="1.00"), auth("T1", amount="1.00"), auth("T1", amount="2.00")
+    out = classify([a, b, c], {})
+    assert [x.kind for x in out] == [Kind.NEW, Kind.DUPLICATE, Kind.CONFLICT]
+    assert out[1].first_in_batch is a

@@ -1,0 +1,199 @@
+"""Validation: every kind of bad message gets its dead-letter reason, good ones exact values."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+
+import pytest
+
+from service.domain.errors import DeadLetterReason, InvalidMessage
+from service.domain.messages import AuthorizationType, decode_authorization
+from tests.support.factory import auth_message, encode
+
+R = DeadLetterReason
+PAN = "4111111111111111"  # Luhn-valid test card number
+
+
+def reason_of(raw: bytes, **kwargs: int) -> DeadLetterReason:
+    with pytest.raises(InvalidMessage) as info:
+        decode_authorization(raw, **kwargs)
+    return info.value.reason
+
+
+def with_body(**fields: object) -> bytes:
+    return encode(auth_message("TXN-1", **fields))  # type: ignore[arg-type]
+
+
+def test_good_message_decodes_to_exact_values() -> None:
+    auth = decode_authorization(encode(auth_message(
+        "TXN-VISA-8847291", account_id="ACC-44821", amount=Decimal("125.50"))))
+    assert auth.transaction_id == "TXN-VISA-8847291"
+    assert auth.amount == Decimal("125.50") and isinstance(auth.amount, Decimal)
+    assert auth.amount_text == "125.50"
+    assert auth.authorization_type is AuthorizationType.PURCHASE
+
+
+def test_the_contract_example_is_accepted() -> None:
+    raw = b"""{
+      "headers": {"message_id": "msg-2026-04-07-x8f3a", "correlation_id": "txn-VISA-2026-8847291",
+                  "timestamp": "2026-04-07T14:32:15Z", "source": "payment-network-gateway"},
+      "body": {"transaction_id": "TXN-VISA-8847291", "card_number_hash": "sha256:a1b2c3...",
+               "account_id": "ACC-44821", "amount": 125.50, "currency": "EUR",
+               "merchant": "Amazon.es", "merchant_category": "5411",
+               "authorization_type": "PURCHASE"}
+    }"""
+    auth = decode_authorization(raw)
+    assert auth.amount == Decimal("125.50") and auth.correlation_id == "txn-VISA-2026-8847291"
+
+
+@pytest.mark.parametrize("amount", ["125.50", 125, "0.01"])
+def test_amount_as_json_number_or_string(amount: object) -> None:
+    raw = with_body(amount=amount)
+    assert decode_authorization(raw).amount == Decimal(str(amount))
+
+
+@pytest.mark.parametrize(
+    ("literal", "reason"),
+    [
+        ("NaN", R.INVALID_JSON),
+        ("Infinity", R.INVALID_JSON),
+        ("-Infinity", R.INVALID_JSON),
+        ("1e400", R.SCHEMA_VIOLATION),  # finite as a Decimal, but beyond what we store
+        ("0", R.SCHEMA_VIOLATION),
+        ("0.00", R.SCHEMA_VIOLATION),
+        ("-5.00", R.SCHEMA_VIOLATION),
+        ("1.234", R.SCHEMA_VIOLATION),  # EUR has two decimals
+        ('"NaN"', R.SCHEMA_VIOLATION),
+        ('"Infinity"', R.SCHEMA_VIOLATION),
+        ('"1e3"', R.SCHEMA_VIOLATION),
+        ('" 12.00"', R.SCHEMA_VIOLATION),
+        ("true", R.SCHEMA_VIOLATION),
+        ("[1]", R.SCHEMA_VIOLATION),
+        ("null", R.SCHEMA_VIOLATION),
+    ],
+)
+def test_bad_amounts(literal: str, reason: DeadLetterReason) -> None:
+    raw = with_body(amount="PLACEHOLDER").replace(b'"PLACEHOLDER"', literal.encode())
+    assert reason_of(raw) is reason
+
+
+def test_decimals_follow_the_currency_minor_unit() -> None:
+    assert reason_of(with_body(amount="100.5", currency="JPY")) is R.SCHEMA_VIOLATION
+    assert decode_authorization(with_body(amount="100", currency="JPY")).amount_text == "100"
+    assert decode_authorization(with_body(amount="1.234", currency="KWD")).amount_text == "1.234"
+    # Trailing zeros are not extra precision: 125.500 EUR is 125.50 EUR.
+    assert decode_authorization(with_body(amount="125.500")).amount_text == "125.50"
+
+
+@pytest.mark.parametrize("currency", ["eur", "EURO", "XYZ", "XAU", "XXX", "", 978])
+def test_unknown_lower_case_or_non_payment_currency(currency: object) -> None:
+    assert reason_of(with_body(currency=currency)) is R.SCHEMA_VIOLATION
+
+
+def test_python_float_is_refused_even_if_it_slips_in() -> None:
+    from pydantic import ValidationError
+
+    from service.domain.messages import _Body
+
+    body = json.loads(with_body())["body"]
+    body["amount"] = 0.1
+    with pytest.raises(ValidationError, match="not a float"):
+        _Body.model_validate(body)
+
+
+@pytest.mark.parametrize("field", ["transaction_id", "account_id", "amount", "currency",
+                                   "authorization_type", "card_number_hash", "merchant"])
+def test_missing_field(field: str) -> None:
+    message = auth_message("TXN-1")
+    del message["body"][field]
+    assert reason_of(encode(message)) is R.SCHEMA_VIOLATION
+
+
+def test_missing_message_id_or_body() -> None:
+    message = auth_message("TXN-1")
+    del message["headers"]["message_id"]
+    assert reason_of(encode(message)) is R.SCHEMA_VIOLATION
+    assert reason_of(b'{"headers": {"message_id": "m"}}') is R.SCHEMA_VIOLATION
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"transaction_id": "T" * 10_000},
+        {"transaction_id": "TXN\x00-1"},
+        {"transaction_id": "TXN 1"},
+        {"transaction_id": 12345},
+        {"account_id": "ACC\n1"},
+        {"merchant": "Amazon\x07"},
+        {"merchant": "M" * 257},
+        {"merchant_category": "54"},
+        {"authorization_type": "CHARGEBACK"},
+        {"authorization_type": "purchase"},
+    ],
+)
+def test_malformed_fields(fields: dict[str, object]) -> None:
+    message = auth_message("TXN-1")
+    message["body"].update(fields)
+    assert reason_of(encode(message)) is R.SCHEMA_VIOLATION
+
+
+def test_not_json_not_utf8_duplicate_keys_not_an_object() -> None:
+    assert reason_of(b"{nope") is R.INVALID_JSON
+    assert reason_of(b"\xff\xfe{}") is R.INVALID_ENCODING
+    assert reason_of(b'{"headers": {}, "headers": {}}') is R.INVALID_JSON
+    assert reason_of(b"[1, 2]") is R.SCHEMA_VIOLATION
+    assert reason_of(b"") is R.INVALID_JSON
+
+
+def test_null_value_is_dead_lettered() -> None:
+    with pytest.raises(InvalidMessage) as info:
+        decode_authorization(None)
+    assert info.value.reason is R.INVALID_JSON
+
+
+def test_too_large() -> None:
+    raw = with_body(merchant="x")
+    assert reason_of(raw, max_bytes=len(raw) - 1) is R.TOO_LARGE
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"merchant": f"Shop {PAN}"}, {"card_number": PAN}, {"merchant": "4111 1111 1111 1111"},
+     {"pan": int(PAN)}],
+)
+def test_raw_card_number_is_refused_and_never_quoted(fields: dict[str, object]) -> None:
+    message = auth_message("TXN-1")
+    message["body"].update(fields)
+    with pytest.raises(InvalidMessage) as info:
+        decode_authorization(encode(message))
+    assert info.value.reason is R.CARD_DATA_PRESENT
+    assert PAN not in str(info.value) and "1111" not in info.value.detail
+
+
+def test_digit_runs_inside_tokens_are_not_card_numbers() -> None:
+    message = auth_message("TXN-1")
+    message["body"]["card_number_hash"] = "sha256:" + PAN + "abcdef"
+    assert decode_authorization(encode(message)).transaction_id == "TXN-1"
+    assert decode_authorization(with_body(merchant="4111111111111112")).merchant  # not Luhn
+
+
+def test_error_detail_never_echoes_input_values() -> None:
+    message = auth_message("TXN-1")
+    message["body"]["merchant"] = "secret\x01value"
+    with pytest.raises(InvalidMessage) as info:
+        decode_authorization(encode(message))
+    assert "secret" not in info.value.detail
+    assert "body.merchant" in info.value.detail
+
+
+def test_fingerprint_is_the_business_payload() -> None:
+    base = decode_authorization(encode(auth_message("T", amount="10.5", message_id="a")))
+    retry = decode_authorization(encode(auth_message("T", amount="10.50", message_id="b",
+                                                     merchant="Other text")))
+    assert base.fingerprint == retry.fingerprint, "retries may differ in headers and text"
+    for change in ({"amount": "10.51"}, {"currency": "USD"}, {"account_id": "ACC-2"},
+                   {"authorization_type": "REFUND"}):
+        other = decode_authorization(encode(auth_message("T", **{"amount": "10.50", **change})))
+        assert other.fingerprint != base.fingerprint, change
+    assert base.event_id == retry.event_id

@@ -1,0 +1,172 @@
+"""The batch pipeline's decisions about what to publish, cache and retry, with in-memory
+stand-ins that implement the same Protocols as the adapters (the adapters themselves are
+tested against the real services in tests/integration)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import pytest
+
+from service.adapters.postgres import ClaimLost, DataRejected
+from service.domain.decision import Result, StoredResult
+from service.domain.errors import PublishFailed, StoreUnavailable
+from service.domain.messages import Authorization
+from service.pipeline import BatchProcessor, Topics
+from tests.support.factory import auth_message, encode
+
+
+@dataclass
+class Msg:
+    raw: bytes | None
+    off: int
+
+    def value(self) -> bytes | None:
+        return self.raw
+
+    def key(self) -> bytes | None:
+        return b"k"
+
+    def topic(self) -> str:
+        return "in"
+
+    def partition(self) -> int:
+        return 0
+
+    def offset(self) -> int:
+        return self.off
+
+    def timestamp(self) -> tuple[int, int]:
+        return (1, 0)
+
+    def headers(self) -> list[tuple[str, bytes]] | None:
+        return None
+
+
+@dataclass
+class Store:
+    records: dict[str, StoredResult] = field(default_factory=dict)
+    failures: list[Exception] = field(default_factory=list)
+    reject_txn: str | None = None
+    commits: int = 0
+    published: list[str] = field(default_factory=list)
+
+    async def load_stored(self, txn_ids: Sequence[str]) -> dict[str, StoredResult]:
+        return {t: self.records[t] for t in txn_ids if t in self.records}
+
+    async def authorize(self, new: Sequence[Authorization], **_: object) -> list[StoredResult]:
+        if self.failures:
+            raise self.failures.pop(0)
+        if self.reject_txn and any(a.transaction_id == self.reject_txn for a in new):
+            raise DataRejected("check violation")
+        self.commits += 1
+        out = []
+        for a in new:
+            rec = StoredResult(a.transaction_id, a.fingerprint, Result.APPROVED, None,
+                               a.account_id, a.amount_text, a.currency,
+                               a.authorization_type.value, a.correlation_id,
+                               datetime.now(UTC), False)
+            self.records[a.transaction_id] = rec
+            out.append(rec)
+        return out
+
+    async def mark_published(self, txn_ids: Sequence[str]) -> None:
+        self.published += txn_ids
+        for t in txn_ids:
+            r = self.records[t]
+            self.records[t] = StoredResult(*[getattr(r, f) for f in r.__slots__][:-1], True)
+
+
+@dataclass
+class Cache:
+    data: dict[str, str] = field(default_factory=dict)
+    up: bool = True
+
+    async def get_many(self, txn_ids: Sequence[str]) -> dict[str, str]:
+        return {t: self.data[t] for t in txn_ids if t in self.data}
+
+    async def set_many(self, fingerprints: dict[str, str]) -> bool:
+        self.data.update(fingerprints)
+        return True
+
+
+@dataclass
+class Sender:
+    sent: list[tuple[str, bytes | None]] = field(default_factory=list)
+    fail_next: int = 0
+
+    async def send(self, topic: str, *, key: object, value: bytes | None,
+                   headers: object = None) -> asyncio.Future[None]:
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self.fail_next:
+            self.fail_next -= 1
+            fut.set_exception(PublishFailed("broker said no"))
+        else:
+            self.sent.append((topic, value))
+            fut.set_result(None)
+        return fut
+
+
+def processor(store: Store, cache: Cache, sender: Sender) -> BatchProcessor:
+    return BatchProcessor(store, cache, sender, Topics("out", "dlq"),
+                          backoff_initial=0.001, backoff_max=0.002)
+
+
+def msgs(*messages: dict[str, object] | bytes) -> list[Msg]:
+    return [Msg(m if isinstance(m, bytes) else encode(m), i) for i, m in enumerate(messages)]
+
+
+async def test_cache_is_written_only_after_commit_and_publish() -> None:
+    store, cache, sender = Store(), Cache(), Sender()
+    await processor(store, cache, sender).process(msgs(auth_message("T1")))
+    assert store.commits == 1 and [t for t, _ in sender.sent] == ["out"]
+    assert set(cache.data) == {"T1"} and store.published == ["T1"]
+
+
+async def test_a_redis_hit_with_another_fingerprint_is_a_conflict_not_a_duplicate() -> None:
+    store, cache, sender = Store(), Cache(), Sender()
+    p = processor(store, cache, sender)
+    await p.process(msgs(auth_message("T1", amount="10.00")))
+    await p.process(msgs(auth_message("T1", amount="99.00")))
+    assert [t for t, _ in sender.sent] == ["out", "dlq"]
+    assert store.commits == 1
+
+
+async def test_transient_failures_are_retried_until_they_pass() -> None:
+    store = Store(failures=[StoreUnavailable("down"), ClaimLost("lost")])
+    cache, sender = Cache(), Sender(fail_next=1)
+    await processor(store, cache, sender).process(msgs(auth_message("T1")))
+    assert store.commits == 1
+    # The failed publish was repeated from the stored, unconfirmed result.
+    assert [t for t, _ in sender.sent] == ["out"] and "T1" in cache.data
+
+
+async def test_a_row_the_database_refuses_is_isolated_and_dead_lettered() -> None:
+    store, cache, sender = Store(reject_txn="BAD"), Cache(), Sender()
+    await processor(store, cache, sender).process(
+        msgs(auth_message("A"), auth_message("BAD"), auth_message("C")))
+    assert sorted(store.records) == ["A", "C"]
+    assert [t for t, _ in sender.sent].count("dlq") == 1
+
+
+async def test_invalid_message_goes_to_the_dlq_with_its_bytes() -> None:
+    store, cache, sender = Store(), Cache(), Sender()
+    await processor(store, cache, sender).process(msgs(b"garbage"))
+    assert sender.sent == [("dlq", b"garbage")] and store.commits == 0
+
+
+@pytest.mark.parametrize("published", [True, False])
+async def test_stored_duplicate_republishes_only_if_never_confirmed(published: bool) -> None:
+    store, cache, sender = Store(), Cache(), Sender()
+    p = processor(store, cache, sender)
+    await p.process(msgs(auth_message("T1")))
+    if not published:
+        r = store.records["T1"]
+        store.records["T1"] = StoredResult(*[getattr(r, f) for f in r.__slots__][:-1], False)
+    cache.data.clear()
+    await p.process(msgs(auth_message("T1")))
+    assert len(sender.sent) == (1 if published else 2)
+    assert store.commits == 1
