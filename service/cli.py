@@ -47,7 +47,8 @@ def _cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
     from service.demo import run_demo
 
     return run_demo(settings, transactions=args.transactions, accounts=args.accounts,
-                    seed=args.seed, log_dir=Path(args.log_dir))
+                    seed=args.seed, log_dir=Path(args.log_dir),
+                    ports=tuple(int(p) for p in args.metrics_ports.split(",")))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--accounts", type=int, default=200)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--log-dir", default=".demo")
+    p.add_argument("--metrics-ports", default="9101,9102", help="the two workers' ports")
     p.set_defaults(func=_cmd_demo)
     return parser
 

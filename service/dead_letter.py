@@ -28,5 +28,6 @@ def dead_letter_headers(
         ("source.timestamp", str(timestamp_ms).encode()),
     ]
     # Keep the producer's own headers (e.g. a redrive marker) after ours.
-    headers.extend((k, v) for k, v in (msg.headers() or []) if not k.startswith(("error.", "source.")))
+    own = ("error.", "source.")
+    headers.extend((k, v) for k, v in (msg.headers() or []) if not k.startswith(own))
     return headers

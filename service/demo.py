@@ -137,7 +137,8 @@ class DemoStream:
         if roll < 0.05:  # the broker redelivers the very same message
             self._add(acc, raw, "duplicate")
         elif roll < 0.08:  # the network's producer retries with a new message_id
-            retry = {**msg, "headers": {**msg["headers"], "message_id": f"retry-{uuid.uuid4().hex[:12]}"}}
+            new_id = f"retry-{uuid.uuid4().hex[:12]}"
+            retry = {**msg, "headers": {**msg["headers"], "message_id": new_id}}
             self._add(acc, retry, "duplicate")
         elif roll < 0.10:  # the same transaction lands on another partition
             self._add(acc, raw, "duplicate", partition=self.rng.randrange(self.partitions))
@@ -250,7 +251,7 @@ def start_worker(name: str, port: int, log_dir: Path) -> subprocess.Popen[bytes]
 
 
 def run_demo(settings: Settings, *, transactions: int, accounts: int, seed: int,
-             log_dir: Path, ports: tuple[int, int] = (9101, 9102)) -> int:
+             log_dir: Path, ports: tuple[int, ...] = (9101, 9102)) -> int:
     rng = random.Random(seed)
     run = uuid.uuid4().hex[:6]
     log_dir.mkdir(parents=True, exist_ok=True)

@@ -53,7 +53,7 @@ class _Partition:
             await self._processor.process(batch)
             self._tracker.done(self.tp, batch[-1].offset() + 1, len(batch))
 
-    async def close(self, timeout: float) -> None:
+    async def close(self, timeout: float) -> None:  # noqa: ASYNC109 - bounds a shield
         """Stop after the batch in progress (bounded by ``timeout``); drop the rest."""
         self.closing = True
         self.pending.clear()

@@ -62,7 +62,7 @@ def serve_http(port: int, health: Health) -> ThreadingHTTPServer:
     """Start ``/metrics``, ``/healthz`` and ``/readyz`` on ``port`` (0: any free port)."""
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+        def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
                 self._send(200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST)
@@ -79,10 +79,10 @@ def serve_http(port: int, health: Health) -> ThreadingHTTPServer:
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        def log_message(self, format: str, *args: object) -> None:
             return  # scrapes every few seconds would drown the service's own logs
 
-    server = ThreadingHTTPServer(("0.0.0.0", port), Handler)  # noqa: S104 - scraped by Prometheus
+    server = ThreadingHTTPServer(("0.0.0.0", port), Handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
     return server

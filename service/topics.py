@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]  # re-exported from cimpl at run time
 
 from service.adapters.kafka import client_config
 from service.config import Settings

@@ -8,13 +8,20 @@ SIGTERM/SIGINT, then shuts down in order:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 
 import structlog
 from confluent_kafka import Producer
 
 from service import metrics
-from service.adapters.kafka import ConsumerThread, Handoff, OffsetTracker, Publisher, producer_config
+from service.adapters.kafka import (
+    ConsumerThread,
+    Handoff,
+    OffsetTracker,
+    Publisher,
+    producer_config,
+)
 from service.adapters.postgres import PostgresStore
 from service.adapters.redis_cache import RedisDedupCache
 from service.config import Settings
@@ -41,10 +48,8 @@ async def connect_store(settings: Settings, stop: asyncio.Event) -> PostgresStor
             )
         except StoreUnavailable as exc:
             log.warning("postgres_unavailable_at_start", error=str(exc)[:300], retry_in_s=delay)
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), delay)
-            except TimeoutError:
-                pass
             delay = min(delay * 2, settings.retry_backoff_max_ms / 1000)
     return None
 
@@ -96,10 +101,8 @@ async def run_worker(settings: Settings) -> int:
     exit_code = 0
     try:
         while not stop.is_set():
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.5)
-            except TimeoutError:
-                pass
             if consumer.stopped.is_set():
                 log.error("consumer_stopped", error=repr(consumer.fatal))
                 exit_code = 1

@@ -64,6 +64,7 @@ pg_bindir() {
 
 # ---------------------------------------------------------------- PostgreSQL
 postgres_up() {
+  command -v psql >/dev/null 2>&1 || apt_install postgresql-client
   if listening "$PG_PORT"; then
     step "postgres: something already listens on $PG_PORT, reusing it"
   else

@@ -14,6 +14,7 @@ auto-commit commits what was stored. On revoke and on shutdown we commit synchro
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 from collections.abc import Callable, Iterable
@@ -133,10 +134,13 @@ class Publisher:
     ) -> asyncio.Future[None]:
         """Queue one record; return a future that settles on the broker's acknowledgement."""
         future: asyncio.Future[None] = self._loop.create_future()
+        kafka_headers: list[tuple[str, str | bytes | None]] | None = (
+            list(headers) if headers is not None else None
+        )
         while True:
             try:
                 self._producer.produce(
-                    topic, value=value, key=key, headers=headers,
+                    topic, value=value, key=key, headers=kafka_headers,
                     on_delivery=self._resolver(future),
                 )
                 return future
@@ -272,7 +276,9 @@ class ConsumerThread(threading.Thread):
                     raise KafkaException(err)
                 log.warning("consumer_error", error=err.str())
                 continue
-            by_tp.setdefault((msg.topic(), msg.partition()), []).append(msg)
+            topic, partition = msg.topic(), msg.partition()
+            assert topic is not None and partition is not None  # set on every consumed message
+            by_tp.setdefault((topic, partition), []).append(msg)
         for tp, batch in by_tp.items():
             state = self._partitions.setdefault(tp, _PartitionState())
             state.in_flight += len(batch)
@@ -346,10 +352,8 @@ class ConsumerThread(threading.Thread):
             self._commit_sync(self._stored_positions(tps))
         for tp in tps:
             self._partitions.pop(tp, None)
-            try:
+            with contextlib.suppress(KeyError):
                 metrics.consumer_lag.remove(str(tp[1]))
-            except KeyError:
-                pass
         self._health.set_assigned(list(self._partitions))
         metrics.assigned_partitions.set(len(self._partitions))
         log.info("partitions_revoked", partitions=sorted(p for _, p in tps), lost=lost)
@@ -366,9 +370,9 @@ class ConsumerThread(threading.Thread):
             topic = stats.get("topics", {}).get(self._settings.input_topic, {})
             for pid, part in topic.get("partitions", {}).items():
                 lag = part.get("consumer_lag", -1)
-                if int(pid) >= 0 and (self._settings.input_topic, int(pid)) in self._partitions:
-                    if lag >= 0:
-                        metrics.consumer_lag.labels(pid).set(lag)
+                owned = (self._settings.input_topic, int(pid)) in self._partitions
+                if int(pid) >= 0 and owned and lag >= 0:
+                    metrics.consumer_lag.labels(pid).set(lag)
         except (ValueError, AttributeError, TypeError) as exc:
             log.debug("stats_unreadable", error=str(exc))
 

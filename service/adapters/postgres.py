@@ -253,6 +253,7 @@ class PostgresStore:
                     processed_at,
                     source_topic,
                 )
+                assert written is not None  # a SELECT of two counts always returns a row
                 approved = sum(d.result is Result.APPROVED for d in decisions)
                 if written["claimed"] != len(new) or written["ledger"] != approved:
                     # Leaving the block with an exception rolls the whole batch back.

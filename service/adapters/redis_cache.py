@@ -105,7 +105,7 @@ class RedisDedupCache:
 
     async def ping(self) -> bool:
         try:
-            await self._client.ping()
+            await self._client.ping()  # type: ignore[misc]  # redis-py types it as sync|async
         except (RedisError, OSError) as exc:
             self._mark_down(exc)
             return False

@@ -21,7 +21,6 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
-    Field,
     StringConstraints,
     ValidationError,
     model_validator,
@@ -40,7 +39,8 @@ Identifier = Annotated[
 ]
 # Free text (merchant name): any printable text, no control characters.
 Text = Annotated[
-    str, StringConstraints(strict=True, min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$")
+    str,
+    StringConstraints(strict=True, min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$"),
 ]
 
 
@@ -50,7 +50,7 @@ class AuthorizationType(StrEnum):
 
 
 def _exact_amount(value: object) -> Decimal:
-    if isinstance(value, bool) or isinstance(value, float):
+    if isinstance(value, (bool, float)):
         raise ValueError("amount must be an exact decimal (JSON number or string), not a float")
     if isinstance(value, int):
         return Decimal(value)

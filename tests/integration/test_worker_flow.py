@@ -97,7 +97,8 @@ def test_decisions_duplicates_conflicts_and_declines(env, spawn_worker) -> None:
         headers = dict(rec.headers())
         assert headers["source.topic"].decode() == env.input_topic
         assert int(headers["source.offset"]) >= 0 and headers["error.detail"]
-    conflict = next(r for r in dlq if dict(r.headers())["error.reason"] == b"IDEMPOTENCY_KEY_CONFLICT")
+    conflict = next(r for r in dlq
+                    if dict(r.headers())["error.reason"] == b"IDEMPOTENCY_KEY_CONFLICT")
     assert conflict.value() == encode(records[3]), "the original bytes, unchanged"
 
     # Redelivered later: Redis answers now, nothing moves, nothing is published again.

@@ -4,6 +4,7 @@ tests neither see each other's data nor depend on order."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -136,10 +137,8 @@ def create_topics(names: dict[str, int]) -> None:
 def delete_topics(names: list[str]) -> None:
     admin = AdminClient({"bootstrap.servers": BOOTSTRAP})
     for future in admin.delete_topics(names, operation_timeout=30).values():
-        try:
+        with contextlib.suppress(Exception):
             future.result()
-        except Exception:
-            pass
 
 
 def producer() -> Producer:
@@ -158,8 +157,10 @@ def produce(
     errors: list[Any] = []
     count = 0
     for key, value in records:
-        kwargs: dict[str, Any] = {"key": key, "value": value,
-                                  "on_delivery": lambda err, _m: errors.append(err) if err else None}
+        kwargs: dict[str, Any] = {
+            "key": key, "value": value,
+            "on_delivery": lambda err, _m: errors.append(err) if err else None,
+        }
         if partition is not None:
             kwargs["partition"] = partition
         while True:

@@ -1,0 +1,71 @@
+# payauth — the commands a person (and CI) runs. `make help` lists them.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PAYAUTH := $(VENV)/bin/payauth
+BENCH_OUT ?= .bench/results.json
+STAMP := $(VENV)/.installed
+
+.PHONY: help venv stack-up stack-down stack-status migrate run demo test test-unit \
+        test-integration test-e2e check lint types bench chaos lock clean
+
+help: ## list the targets
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
+
+$(STAMP): requirements-dev.lock pyproject.toml
+	@echo "[venv] creating $(VENV) and installing the pinned dependencies"
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install -q --upgrade pip >/dev/null
+	@$(PY) -m pip install -q --require-hashes -r requirements-dev.lock
+	@$(PY) -m pip install -q --no-deps -e .
+	@touch $(STAMP)
+
+venv: $(STAMP) ## create .venv with the locked dependencies
+
+stack-up: venv ## start Kafka, PostgreSQL and Redis locally (no Docker), reuse what runs
+	@PYTHON=$(PY) deploy/local/stack.sh up
+
+stack-down: ## stop what stack-up started
+	@deploy/local/stack.sh down
+
+stack-status: ## which stack services answer
+	@deploy/local/stack.sh status
+
+migrate: venv ## apply the database migrations
+	@$(PAYAUTH) migrate
+
+run: venv ## one worker in the foreground (configure with PAYAUTH_* variables)
+	@$(PAYAUTH) run
+
+demo: stack-up migrate ## the main job end to end: two workers, duplicates, DLQ, summary, verify
+	@PAYAUTH_LOG_LEVEL=WARNING $(PAYAUTH) demo
+
+test: stack-up ## every test tier (unit, integration, e2e) against the local stack
+	@$(PY) -m pytest -q tests/unit tests/integration tests/e2e
+
+test-unit: venv ## unit tests only (no services needed)
+	@$(PY) -m pytest -q tests/unit
+
+test-integration: stack-up ## integration tests (real Kafka, PostgreSQL, Redis)
+	@$(PY) -m pytest -q tests/integration
+
+test-e2e: stack-up ## end-to-end tests
+	@$(PY) -m pytest -q tests/e2e
+
+check: lint types ## lint + types
+
+lint: venv
+	@$(VENV)/bin/ruff check service tests
+
+types: venv
+	@$(VENV)/bin/mypy
+
+lock: ## re-pin the dependencies (needs uv): runtime for the image, runtime+dev for .venv
+	uv pip compile pyproject.toml --generate-hashes --python-version 3.11 -o requirements.lock
+	uv pip compile pyproject.toml --extra dev --generate-hashes --python-version 3.11 -o requirements-dev.lock
+
+clean: ## remove the virtualenv and caches (not the stack's data)
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -1,0 +1,72 @@
+"""The Dockerfile and docker-compose.yml cannot be built here (no Docker engine): keep them
+honest by reading them against the contract and the service's own settings."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+
+from service.config import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def compose() -> dict:  # type: ignore[type-arg]
+    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+def test_compose_has_the_whole_system() -> None:
+    services = compose()["services"]
+    for name in ("kafka", "postgres", "redis", "migrate", "topics", "worker", "prometheus"):
+        assert name in services, name
+    assert services["worker"]["deploy"]["replicas"] == 3
+    assert services["migrate"]["command"] == ["migrate"]
+    assert services["worker"]["command"] == ["run"]
+    depends = services["worker"]["depends_on"]
+    assert depends["migrate"]["condition"] == "service_completed_successfully"
+
+
+def test_compose_ports_match_the_contract() -> None:
+    services = compose()["services"]
+    assert "9092:9092" in services["kafka"]["ports"]
+    assert "5432:5432" in services["postgres"]["ports"]
+    assert "6379:6379" in services["redis"]["ports"]
+    assert "9100" in services["worker"]["expose"]
+
+
+def test_compose_environment_names_real_settings_with_contract_values() -> None:
+    env = compose()["services"]["worker"]["environment"]
+    fields = set(Settings.model_fields)
+    for var in env:
+        assert var.startswith("PAYAUTH_") and var[8:].lower() in fields, var
+    assert env["PAYAUTH_INPUT_TOPIC"] == "payments.authorizations"
+    assert env["PAYAUTH_OUTPUT_TOPIC"] == "payments.authorized"
+    assert env["PAYAUTH_DLQ_TOPIC"] == "payments.authorizations.dlq"
+    assert env["PAYAUTH_GROUP_ID"] == "cg-payments"
+    assert env["PAYAUTH_METRICS_PORT"] == "9100"
+    host = env["PAYAUTH_KAFKA_BOOTSTRAP_SERVERS"].split(":")[0]
+    assert host in compose()["services"]
+
+
+def test_prometheus_scrapes_the_workers_and_loads_the_rules() -> None:
+    volumes = compose()["services"]["prometheus"]["volumes"]
+    assert any(v.startswith("./deploy/prometheus:") for v in volumes)
+    config = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
+    sd = config["scrape_configs"][0]["dns_sd_configs"][0]
+    assert sd["names"] == ["worker"] and sd["port"] == 9100
+    assert (ROOT / "deploy/prometheus" / Path(config["rule_files"][0]).name).exists()
+
+
+def test_dockerfile_is_multi_stage_non_root_and_runs_the_worker() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    assert len(re.findall(r"^FROM ", text, re.M)) >= 2
+    user = re.findall(r"^USER (\S+)", text, re.M)
+    assert user and not user[-1].startswith(("root", "0")), user
+    assert re.search(r"^EXPOSE 9100$", text, re.M)
+    assert '--require-hashes -r /tmp/requirements.lock' in text
+    assert 'ENTRYPOINT ["python", "-m", "service"]' in text
+    for path in re.findall(r"^COPY (?:--from=\S+ )?(\S+) ", text, re.M):
+        if not path.startswith("/"):
+            assert (ROOT / path).exists(), path
