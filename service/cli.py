@@ -43,6 +43,81 @@ def _cmd_topics(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
+    from datetime import UTC, datetime
+
+    from service import replay
+
+    chosen = [args.to_datetime is not None, args.to_earliest, args.shift_by is not None]
+    if sum(chosen) != 1:
+        print("payauth replay: give exactly one of --to-datetime, --to-earliest, --shift-by",
+              file=sys.stderr)
+        return 2
+    try:
+        if args.shift_by is not None and args.shift_by > 0 and not args.force:
+            raise replay.ReplayRefused(
+                f"refusing: --shift-by {args.shift_by} skips messages forward, which would "
+                "leave them unprocessed; pass --force if that is what you want")
+        members = replay.active_members(settings)
+        if members:
+            raise replay.ReplayRefused(
+                f"refusing: group {settings.group_id} has {len(members)} active member(s) "
+                f"({', '.join(members)}); stop the workers first (scale to 0), then replay")
+        plans = replay.build_plan(
+            settings,
+            to_datetime=replay.parse_datetime(args.to_datetime) if args.to_datetime else None,
+            to_earliest=args.to_earliest,
+            shift_by=args.shift_by,
+            partitions=[int(p) for p in args.partitions.split(",")] if args.partitions else None,
+        )
+        mode = "EXECUTE" if args.execute else "dry run (--execute to apply)"
+        print(replay.render(plans, f"replay of {settings.input_topic} for group "
+                                   f"{settings.group_id}: {mode}"))
+        if not args.force:
+            replay.check_window(plans, settings.dedup_retention_hours, now=datetime.now(UTC))
+        if args.execute:
+            committed = replay.execute(settings, plans)
+            print("replay: committed offsets now " + ", ".join(
+                f"{p}={o}" for p, o in sorted(committed.items())))
+    except replay.ReplayRefused as exc:
+        print(f"payauth replay: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _cmd_dlq_redrive(settings: Settings, args: argparse.Namespace) -> int:
+    from service import redrive
+
+    letters = redrive.read_dead_letters(
+        settings, reason=args.reason, from_offset=args.from_offset, to_offset=args.to_offset,
+        partitions=[int(p) for p in args.partitions.split(",")] if args.partitions else None,
+    )
+    print(redrive.summarize(letters, execute=args.execute))
+    if args.execute and letters:
+        sent = redrive.redrive(settings, letters)
+        print(f"dlq: redrove {sent} message(s) to {settings.input_topic}")
+    return 0
+
+
+def _cmd_purge(settings: Settings, args: argparse.Namespace) -> int:
+    import asyncpg
+
+    from service.purge import purge
+
+    async def go() -> int:
+        conn = await asyncpg.connect(settings.database_url.get_secret_value())
+        try:
+            return await purge(conn, retention_hours=settings.dedup_retention_hours,
+                               batch_size=args.batch_size, pause_seconds=args.pause)
+        finally:
+            await conn.close()
+
+    deleted = asyncio.run(go())
+    print(f"purge: deleted {deleted} dedup record(s) older than "
+          f"{settings.dedup_retention_hours} h")
+    return 0
+
+
 def _cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
     from service.demo import run_demo
 
@@ -72,6 +147,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--partitions", type=int, default=12)
     p.add_argument("--wait", type=float, default=60, help="seconds to wait for the broker")
     p.set_defaults(func=_cmd_topics)
+
+    p = sub.add_parser("replay", help="rewind the group's committed offsets (dry run default)")
+    p.add_argument("--to-datetime", help="ISO 8601; UTC when no zone")
+    p.add_argument("--to-earliest", action="store_true")
+    p.add_argument("--shift-by", type=int, help="-N: re-read the last N messages per partition")
+    p.add_argument("--partitions", help="comma-separated partition numbers (default: all)")
+    p.add_argument("--execute", action="store_true", help="apply the plan")
+    p.add_argument("--force", action="store_true",
+                   help="allow a target older than the dedup retention window")
+    p.set_defaults(func=_cmd_replay)
+
+    p = sub.add_parser("purge", help="delete dedup records older than the retention window")
+    p.add_argument("--batch-size", type=int, default=5000)
+    p.add_argument("--pause", type=float, default=0.05, help="seconds between batches")
+    p.set_defaults(func=_cmd_purge)
+
+    dlq = sub.add_parser("dlq", help="dead-letter topic tools").add_subparsers(
+        dest="dlq_command", required=True)
+    p = dlq.add_parser("redrive", help="re-publish dead letters to the input topic (dry run)")
+    p.add_argument("--reason", help="only this error.reason, e.g. TOO_LARGE")
+    p.add_argument("--from-offset", type=int)
+    p.add_argument("--to-offset", type=int)
+    p.add_argument("--partitions", help="DLQ partitions, comma-separated")
+    p.add_argument("--execute", action="store_true")
+    p.set_defaults(func=_cmd_dlq_redrive)
 
     p = sub.add_parser("demo", help="the end-to-end demo on the local stack (make demo)")
     p.add_argument("--transactions", type=int, default=3000)

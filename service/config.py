@@ -48,6 +48,9 @@ class Settings(BaseSettings):
     redis_timeout_seconds: float = Field(default=0.5, gt=0)
     dedup_ttl_seconds: int = Field(default=86_400, ge=1)
     dedup_retention_hours: int = Field(default=72, ge=1)
+    # In-worker retention: every replica tries, an advisory lock lets one purge at a time.
+    # 0 disables it (run `payauth purge` from a CronJob instead).
+    purge_interval_seconds: int = Field(default=3_600, ge=0)
 
     # --- Processing
     max_batch_size: int = Field(default=500, ge=1, le=10_000)

@@ -94,9 +94,11 @@ async def run_worker(settings: Settings) -> int:
     consumer = ConsumerThread(settings, Handoff(loop, dispatcher), tracker, health)
     consumer.start()
     background = [
-        asyncio.create_task(_heartbeat(health, processor, store)),
+        asyncio.create_task(_heartbeat(health, processor, store, cache)),
         asyncio.create_task(_count_dedup_records(store)),
     ]
+    if settings.purge_interval_seconds:
+        background.append(asyncio.create_task(_purge_periodically(settings)))
 
     exit_code = 0
     try:
@@ -130,12 +132,34 @@ async def run_worker(settings: Settings) -> int:
     return exit_code
 
 
-async def _heartbeat(health: Health, processor: BatchProcessor, store: PostgresStore) -> None:
-    """Tick the loop's liveness and keep readiness' view of PostgreSQL current."""
+async def _heartbeat(
+    health: Health, processor: BatchProcessor, store: PostgresStore, cache: RedisDedupCache
+) -> None:
+    """Tick the loop's liveness; keep readiness' view of PostgreSQL and ``payauth_redis_up``
+    current even while no message flows."""
     while True:
         health.loop_heartbeat()
         health.postgres_ok = processor.store_ok and await store.ping()
+        metrics.redis_up.set(1 if await cache.ping() else 0)
         await asyncio.sleep(2)
+
+
+async def _purge_periodically(settings: Settings) -> None:
+    import asyncpg
+
+    from service.purge import purge
+
+    while True:
+        await asyncio.sleep(settings.purge_interval_seconds)
+        try:
+            conn = await asyncpg.connect(settings.database_url.get_secret_value(), timeout=10)
+            try:
+                await purge(conn, retention_hours=settings.dedup_retention_hours,
+                            pause_seconds=0.05)
+            finally:
+                await conn.close()
+        except Exception as exc:  # retention is housekeeping: never stop the worker for it
+            log.warning("purge_failed", error=str(exc)[:300])
 
 
 async def _count_dedup_records(store: PostgresStore, every_seconds: float = 60) -> None:

@@ -22,7 +22,7 @@ KAFKA_HEAP=${KAFKA_HEAP:-768m}
 
 if [ "$(id -u)" = 0 ]; then
   PG_DATA=${PG_DATA:-/var/lib/postgresql/payauth-stack}
-  PG_AS=(runuser -u postgres --)
+  PG_AS=(runuser -u postgres -- env -C /)  # -C /: the caller's directory may be private
 else
   PG_DATA=${PG_DATA:-$STACK_DIR/postgres}
   PG_AS=()

@@ -183,6 +183,7 @@ def test_redis_down_then_back_then_down_again(env, spawn_worker, tmp_path) -> No
     #    then cached; redeliveries of phase 1 after that are caught by Redis.
     server = stack.redis_server(port, tmp_path)
     try:
+        wait_until(lambda: worker.metrics()["payauth_redis_up"] == 1, 20, "Redis seen up")
         stack.produce(env.input_topic, batch(phase[1]) + batch(phase[0][10:20]))
         wait_caught_up(env.group_id, env.input_topic, env.partitions)
         stack.produce(env.input_topic, batch(phase[1]))
