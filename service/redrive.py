@@ -72,8 +72,9 @@ def read_dead_letters(
                 if offset >= ends[partition] or (to_offset is not None and offset > to_offset):
                     done.add(partition)
                     continue
-                letter = DeadLetter(partition, offset, msg.key(), msg.value(),
-                                    list(msg.headers() or []))
+                headers = [(k, v if isinstance(v, bytes) else str(v or "").encode())
+                           for k, v in (msg.headers() or [])]
+                letter = DeadLetter(partition, offset, msg.key(), msg.value(), headers)
                 if reason is None or letter.header("error.reason") == reason:
                     out.append(letter)
         return sorted(out, key=lambda d: (d.partition, d.offset))
