@@ -72,8 +72,10 @@ def read_dead_letters(
                 if offset >= ends[partition] or (to_offset is not None and offset > to_offset):
                     done.add(partition)
                     continue
+                raw = msg.headers() or []
+                pairs = list(raw.items()) if isinstance(raw, dict) else raw
                 headers = [(k, v if isinstance(v, bytes) else str(v or "").encode())
-                           for k, v in (msg.headers() or [])]
+                           for k, v in pairs]
                 letter = DeadLetter(partition, offset, msg.key(), msg.value(), headers)
                 if reason is None or letter.header("error.reason") == reason:
                     out.append(letter)
