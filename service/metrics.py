@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from service.domain.errors import DeadLetterReason
+
 REGISTRY = CollectorRegistry(auto_describe=True)
 
 OUTCOMES = ("approved", "declined", "duplicate", "conflict", "invalid")
@@ -83,3 +85,6 @@ for _layer in LAYERS:
     duplicates_total.labels(_layer)
 for _store in ("redis", "postgres"):
     dedup_lookup_seconds.labels(_store)
+# Every series exists from the start at 0, so rate() and alerts see the first increment.
+for _reason in DeadLetterReason:
+    dead_letters_total.labels(_reason.value)
