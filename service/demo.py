@@ -305,7 +305,8 @@ def print_summary(expected: Counter[str], observed: Counter[str], verdict: str, 
         caught = observed['payauth_duplicates_total{layer="' + layer + '"}']
         print(f"{'  caught by ' + layer:<28}{'':>10}{caught:>10}")
     print(f"{'dead-lettered':<28}{expected['invalid'] + expected['conflict']:>10}{dead:>10}")
-    for key in sorted(k for k in observed if k.startswith("payauth_dead_letters_total")):
+    for key in sorted(k for k, v in observed.items()
+                      if k.startswith("payauth_dead_letters_total") and v):
         reason = key.split('"')[1]
         print(f"{'  ' + reason:<28}{'':>10}{observed[key]:>10}")
     print(f"{'total messages':<28}{sum(expected.values()):>10}"
