@@ -370,6 +370,9 @@ class ConsumerThread(threading.Thread):
             topic = stats.get("topics", {}).get(self._settings.input_topic, {})
             for pid, part in topic.get("partitions", {}).items():
                 lag = part.get("consumer_lag", -1)
+                if lag < 0 and part.get("hi_offset", -1) >= 0 and \
+                        part.get("hi_offset") == part.get("lo_offset"):
+                    lag = 0  # an empty partition: nothing to consume, librdkafka says -1
                 owned = (self._settings.input_topic, int(pid)) in self._partitions
                 if int(pid) >= 0 and owned and lag >= 0:
                     metrics.consumer_lag.labels(pid).set(lag)

@@ -101,6 +101,15 @@ def test_decisions_duplicates_conflicts_and_declines(env, spawn_worker) -> None:
                     if dict(r.headers())["error.reason"] == b"IDEMPOTENCY_KEY_CONFLICT")
     assert conflict.value() == encode(records[3]), "the original bytes, unchanged"
 
+    # Lag per partition comes from librdkafka's statistics (every 5 s): all caught up.
+    def lag() -> dict[str, float]:
+        return {k: v for k, v in worker.metrics().items() if k.startswith("payauth_consumer_lag")}
+
+    wait_until(lambda: len(lag()) == env.partitions, 20, "lag metrics for every partition")
+    assert set(lag().values()) == {0}
+    assert worker.metrics()['payauth_dedup_lookup_seconds_count{store="postgres"}'] >= 1
+    assert worker.metrics()['payauth_dedup_lookup_seconds_count{store="redis"}'] >= 1
+
     # Redelivered later: Redis answers now, nothing moves, nothing is published again.
     stack.produce(env.input_topic, [(acc["eur"], encode(first))])
     wait_caught_up(env.group_id, env.input_topic, env.partitions)

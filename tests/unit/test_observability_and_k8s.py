@@ -172,3 +172,20 @@ def test_health_endpoints_answer_as_the_probes_expect() -> None:
         assert status("/metrics") == 200 and status("/nope") == 404
     finally:
         server.shutdown()
+
+
+def test_healthz_fails_when_the_poll_loop_or_the_event_loop_is_stuck(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import service.health as health_module
+
+    clock = [1000.0]
+    monkeypatch.setattr(health_module.time, "monotonic", lambda: clock[0])
+    health = health_module.Health()
+    assert health.live() == (True, "ok")
+    clock[0] += health_module.STALE_AFTER_SECONDS + 1
+    health.loop_heartbeat()
+    assert health.live() == (False, "kafka poll loop stuck")
+    health.consumer_heartbeat()
+    assert health.live() == (True, "ok")
+    clock[0] += health_module.STALE_AFTER_SECONDS + 1
+    health.consumer_heartbeat()
+    assert health.live() == (False, "event loop stuck")
