@@ -35,6 +35,16 @@ class Settings(BaseSettings):
     kafka_sasl_username: str = ""
     kafka_sasl_password: SecretStr = SecretStr("")
     kafka_ssl_ca_location: str = ""
+    kafka_ssl_certificate_location: str = ""  # client certificate (mutual TLS)
+    kafka_ssl_key_location: str = ""
+    kafka_ssl_key_password: SecretStr = SecretStr("")
+    # SASL/OAUTHBEARER with an OIDC token endpoint (method "oidc"); "default" is unsecured
+    # JWTs for development only.
+    kafka_sasl_oauthbearer_method: Literal["", "default", "oidc"] = ""
+    kafka_sasl_oauthbearer_client_id: str = ""
+    kafka_sasl_oauthbearer_client_secret: SecretStr = SecretStr("")
+    kafka_sasl_oauthbearer_token_endpoint_url: str = ""
+    kafka_sasl_oauthbearer_scope: str = ""
     session_timeout_ms: int = Field(default=45_000, ge=6_000, le=300_000)
     max_poll_interval_ms: int = Field(default=300_000, ge=10_000)
 

@@ -54,6 +54,23 @@ def client_config(settings: Settings) -> dict[str, Any]:
             conf["sasl.password"] = settings.kafka_sasl_password.get_secret_value()
     if settings.kafka_ssl_ca_location:
         conf["ssl.ca.location"] = settings.kafka_ssl_ca_location
+    if settings.kafka_ssl_certificate_location:
+        conf["ssl.certificate.location"] = settings.kafka_ssl_certificate_location
+        conf["ssl.key.location"] = settings.kafka_ssl_key_location
+        if settings.kafka_ssl_key_password.get_secret_value():
+            conf["ssl.key.password"] = settings.kafka_ssl_key_password.get_secret_value()
+    if settings.kafka_sasl_oauthbearer_method:
+        conf["sasl.oauthbearer.method"] = settings.kafka_sasl_oauthbearer_method
+    if settings.kafka_sasl_oauthbearer_method == "oidc":
+        conf.update({
+            "sasl.oauthbearer.client.id": settings.kafka_sasl_oauthbearer_client_id,
+            "sasl.oauthbearer.client.secret":
+                settings.kafka_sasl_oauthbearer_client_secret.get_secret_value(),
+            "sasl.oauthbearer.token.endpoint.url":
+                settings.kafka_sasl_oauthbearer_token_endpoint_url,
+        })
+        if settings.kafka_sasl_oauthbearer_scope:
+            conf["sasl.oauthbearer.scope"] = settings.kafka_sasl_oauthbearer_scope
     return conf
 
 

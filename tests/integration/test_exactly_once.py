@@ -261,3 +261,45 @@ def test_sigterm_finishes_work_commits_and_exits_zero(env, spawn_worker) -> None
     for row in processed:
         assert committed[row["p"]] == row["o"] + 1, "what was committed to the DB is committed"
     assert_invariants(env.dsn)
+
+
+def test_a_hanging_redis_is_a_timeout_not_a_stall(env, spawn_worker, tmp_path) -> None:
+    port = stack.free_port()
+    server = stack.redis_server(port, tmp_path)
+    try:
+        accounts = seed(env, 3)
+        worker = spawn_worker(env, PAYAUTH_REDIS_URL=f"redis://127.0.0.1:{port}/0",
+                              PAYAUTH_REDIS_TIMEOUT_SECONDS="0.2")
+        wait_until(lambda: worker.metrics()["payauth_redis_up"] == 1, 20, "Redis seen up")
+        server.send_signal(signal.SIGSTOP)  # accepts connections, answers nothing
+        txns = [f"HANG-{uuid.uuid4().hex[:10]}" for _ in range(30)]
+        stack.produce(env.input_topic, [
+            (accounts[i % 3], encode(auth_message(t, account_id=accounts[i % 3])))
+            for i, t in enumerate(txns)
+        ])
+        wait_caught_up(env.group_id, env.input_topic, env.partitions, timeout=60)
+        one_ledger_entry_each(env.dsn, set(txns))
+        assert worker.metrics()["payauth_redis_up"] == 0
+        assert worker.terminate() == 0
+    finally:
+        server.send_signal(signal.SIGCONT)
+        server.kill()
+        server.wait()
+
+
+def test_every_store_session_carries_timeouts(env) -> None:
+    """A stuck database becomes an error the worker retries, never a hang."""
+
+    async def show() -> dict[str, str]:
+        store = await PostgresStore.connect(env.dsn, min_size=1, max_size=1,
+                                            statement_timeout_ms=1234, lock_timeout_ms=567)
+        try:
+            async with store._pool.acquire() as conn:
+                return {name: await conn.fetchval(f"SHOW {name}") for name in
+                        ("statement_timeout", "lock_timeout",
+                         "idle_in_transaction_session_timeout")}
+        finally:
+            await store.close()
+
+    assert run(show()) == {"statement_timeout": "1234ms", "lock_timeout": "567ms",
+                           "idle_in_transaction_session_timeout": "3702ms"}
