@@ -27,9 +27,15 @@ def _cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_verify(settings: Settings, _args: argparse.Namespace) -> int:
+def _cmd_verify(settings: Settings, args: argparse.Namespace) -> int:
     from service.verify import report, verify
 
+    if args.against:
+        from service.chaos.checker import check
+
+        result = check(settings, Path(args.against), redis_prefix=args.redis_prefix)
+        print(result.render())
+        return 0 if result.ok else 1
     text, ok = report(asyncio.run(verify(settings.database_url.get_secret_value())))
     print(text)
     return 0 if ok else 1
@@ -141,6 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_migrate)
 
     p = sub.add_parser("verify", help="check the money invariants; exit 0 only if all hold")
+    p.add_argument("--against", metavar="LOG",
+                   help="also hold topics, DB and Redis against a load generator's log")
+    p.add_argument("--redis-prefix", help="with --against: check Redis keys dedup:PREFIX*")
     p.set_defaults(func=_cmd_verify)
 
     p = sub.add_parser("topics", help="create the input, output and dead-letter topics")

@@ -14,6 +14,14 @@ import sys
 class FaultInjector:
     def __init__(self, point: str) -> None:
         self._point = point
+        self._fired: set[str] = set()
+
+    def once(self, point: str) -> bool:
+        """True the first time ``point`` is reached when it is the configured fault."""
+        if self._point == point and point not in self._fired:
+            self._fired.add(point)
+            return True
+        return False
 
     def reach(self, point: str) -> None:
         if self._point and point == self._point:

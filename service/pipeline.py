@@ -114,6 +114,7 @@ class BatchProcessor:
         max_message_bytes: int = 65_536,
         backoff_initial: float = 0.1,
         backoff_max: float = 10.0,
+        unsafe_redis_before_commit: bool = False,
     ) -> None:
         self._store = store
         self._cache = cache
@@ -123,6 +124,7 @@ class BatchProcessor:
         self._max_bytes = max_message_bytes
         self._backoff_initial = backoff_initial
         self._backoff_max = backoff_max
+        self._unsafe_redis_before_commit = unsafe_redis_before_commit
         self.store_ok = True
 
     async def process(self, msgs: Sequence[Message]) -> None:
@@ -253,6 +255,10 @@ class BatchProcessor:
         return records
 
     async def _commit(self, items: list[tuple[Message, Authorization]]) -> list[StoredResult]:
+        if self._unsafe_redis_before_commit:
+            # The WRONG order, for the checker's negative control only (see Settings).
+            await self._cache.set_many({a.transaction_id: a.fingerprint for _, a in items})
+        self._faults.reach("before_db_commit")
         first = items[0][0]
         records = await self._store.authorize(
             [a for _, a in items],

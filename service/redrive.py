@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 
-from service.adapters.kafka import client_config, producer_config
+from service.adapters.kafka import client_config, producer_config, read_snapshot
 from service.config import Settings
 
 
@@ -41,47 +41,22 @@ def read_dead_letters(
     partitions: list[int] | None = None,
 ) -> list[DeadLetter]:
     """The DLQ as it stands now (up to each partition's current end), filtered."""
-    consumer = Consumer({**client_config(settings), "group.id": f"{settings.group_id}.redrive",
-                         "enable.auto.commit": False, "enable.partition.eof": True})
-    try:
-        topic = settings.dlq_topic
-        meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
-        if meta is None or meta.error is not None:
-            return []
-        wanted = sorted(meta.partitions) if partitions is None else partitions
-        ends = {}
-        assignment = []
-        for p in wanted:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-            if high > low:
-                ends[p] = high
-                assignment.append(TopicPartition(topic, p, max(low, from_offset or 0)))
-        consumer.assign(assignment)
-        out: list[DeadLetter] = []
-        done: set[int] = {tp.partition for tp in assignment if tp.offset >= ends[tp.partition]}
-        while len(done) < len(assignment):
-            for msg in consumer.consume(500, timeout=1.0):
-                partition, offset = msg.partition(), msg.offset()
-                if partition is None or offset is None:
-                    continue
-                if msg.error() is not None:
-                    done.add(partition)  # end of partition
-                    continue
-                if offset + 1 >= ends[partition]:
-                    done.add(partition)
-                if offset >= ends[partition] or (to_offset is not None and offset > to_offset):
-                    done.add(partition)
-                    continue
-                raw = msg.headers() or []
-                pairs = list(raw.items()) if isinstance(raw, dict) else raw
-                headers = [(k, v if isinstance(v, bytes) else str(v or "").encode())
-                           for k, v in pairs]
-                letter = DeadLetter(partition, offset, msg.key(), msg.value(), headers)
-                if reason is None or letter.header("error.reason") == reason:
-                    out.append(letter)
-        return sorted(out, key=lambda d: (d.partition, d.offset))
-    finally:
-        consumer.close()
+    conf = {**client_config(settings), "group.id": f"{settings.group_id}.redrive"}
+    out: list[DeadLetter] = []
+    for msg in read_snapshot(conf, settings.dlq_topic, partitions=partitions,
+                             from_offset=from_offset or 0):
+        partition, offset = msg.partition(), msg.offset()
+        if partition is None or offset is None:
+            continue
+        if to_offset is not None and offset > to_offset:
+            continue
+        raw = msg.headers() or []
+        pairs = list(raw.items()) if isinstance(raw, dict) else raw
+        headers = [(k, v if isinstance(v, bytes) else str(v or "").encode()) for k, v in pairs]
+        letter = DeadLetter(partition, offset, msg.key(), msg.value(), headers)
+        if reason is None or letter.header("error.reason") == reason:
+            out.append(letter)
+    return sorted(out, key=lambda d: (d.partition, d.offset))
 
 
 def summarize(letters: list[DeadLetter], *, execute: bool) -> str:

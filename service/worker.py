@@ -34,7 +34,9 @@ from service.pipeline import BatchProcessor, Topics
 log = structlog.get_logger(__name__)
 
 
-async def connect_store(settings: Settings, stop: asyncio.Event) -> PostgresStore | None:
+async def connect_store(
+    settings: Settings, stop: asyncio.Event, faults: FaultInjector
+) -> PostgresStore | None:
     """Connect to PostgreSQL, retrying with backoff while it is down (None if stopped)."""
     delay = settings.retry_backoff_initial_ms / 1000
     while not stop.is_set():
@@ -45,6 +47,7 @@ async def connect_store(settings: Settings, stop: asyncio.Event) -> PostgresStor
                 max_size=settings.db_pool_max,
                 statement_timeout_ms=settings.statement_timeout_ms,
                 lock_timeout_ms=settings.lock_timeout_ms,
+                faults=faults,
             )
         except StoreUnavailable as exc:
             log.warning("postgres_unavailable_at_start", error=str(exc)[:300], retry_in_s=delay)
@@ -65,7 +68,8 @@ async def run_worker(settings: Settings) -> int:
     log.info("worker_starting", group_id=settings.group_id, topic=settings.input_topic,
              instance=settings.instance_id(), metrics_port=http.server_address[1])
 
-    store = await connect_store(settings, stop)
+    faults = FaultInjector(settings.fault_point)
+    store = await connect_store(settings, stop, faults)
     if store is None:
         http.shutdown()
         return 0
@@ -80,7 +84,8 @@ async def run_worker(settings: Settings) -> int:
     processor = BatchProcessor(
         store, cache, publisher,
         Topics(output=settings.output_topic, dlq=settings.dlq_topic),
-        faults=FaultInjector(settings.fault_point),
+        faults=faults,
+        unsafe_redis_before_commit=settings.unsafe_ordering == "redis_before_commit",
         max_message_bytes=settings.max_message_bytes,
         backoff_initial=settings.retry_backoff_initial_ms / 1000,
         backoff_max=settings.retry_backoff_max_ms / 1000,

@@ -113,6 +113,43 @@ def producer_config(settings: Settings) -> dict[str, Any]:
     return conf
 
 
+def read_snapshot(
+    conf: dict[str, Any], topic: str, *, partitions: list[int] | None = None,
+    from_offset: int = 0,
+) -> list[Message]:
+    """Every record of ``topic`` from ``from_offset`` (or the log start) up to each
+    partition's end as it is when called: a consistent snapshot, for the operator tools."""
+    consumer = Consumer({**conf, "enable.auto.commit": False, "enable.partition.eof": True})
+    try:
+        meta = consumer.list_topics(topic, timeout=15).topics.get(topic)
+        if meta is None or meta.error is not None:
+            return []
+        wanted = sorted(meta.partitions) if partitions is None else partitions
+        ends: dict[int, int] = {}
+        assignment = []
+        for p in wanted:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=15)
+            start = max(low, from_offset)
+            if high > start:
+                ends[p] = high
+                assignment.append(TopicPartition(topic, p, start))
+        consumer.assign(assignment)
+        records: list[Message] = []
+        done: set[int] = set()
+        while len(done) < len(assignment):
+            for msg in consumer.consume(1000, timeout=1.0):
+                partition, offset = msg.partition(), msg.offset()
+                if partition is None or offset is None:
+                    continue
+                if msg.error() is None and offset < ends[partition]:
+                    records.append(msg)
+                if msg.error() is not None or offset + 1 >= ends[partition]:
+                    done.add(partition)  # reached the snapshot's end (or the log's)
+        return records
+    finally:
+        consumer.close()
+
+
 class Publisher:
     """Produce and await the broker's acknowledgement from asyncio."""
 

@@ -39,6 +39,7 @@ from service.domain.decision import (
 from service.domain.errors import StoreUnavailable, TransientError
 from service.domain.messages import Authorization, fingerprint_of
 from service.domain.money import format_amount
+from service.faults import FaultInjector
 
 
 class ClaimLost(TransientError):
@@ -152,9 +153,14 @@ def translate(exc: BaseException) -> BaseException:
     return exc
 
 
+class PlannedRollback(TransientError):
+    """Test-only: the transaction was rolled back on purpose after its writes."""
+
+
 class PostgresStore:
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: asyncpg.Pool, faults: FaultInjector | None = None) -> None:
         self._pool = pool
+        self._faults = faults or FaultInjector("")
 
     @classmethod
     async def connect(
@@ -165,6 +171,7 @@ class PostgresStore:
         max_size: int = 8,
         statement_timeout_ms: int = 10_000,
         lock_timeout_ms: int = 5_000,
+        faults: FaultInjector | None = None,
     ) -> PostgresStore:
         try:
             pool = await asyncpg.create_pool(
@@ -182,7 +189,7 @@ class PostgresStore:
             )
         except Exception as exc:
             raise translate(exc) from exc
-        return cls(pool)
+        return cls(pool, faults)
 
     async def close(self) -> None:
         await self._pool.close()
@@ -261,7 +268,9 @@ class PostgresStore:
                         f"claimed {written['claimed']} of {len(new)} (ledger "
                         f"{written['ledger']} of {approved}); another replica decided first"
                     )
-        except (ClaimLost, DataRejected):
+                if self._faults.once("rollback_once"):
+                    raise PlannedRollback("rolled back on purpose after the writes (test)")
+        except (ClaimLost, DataRejected, PlannedRollback):
             raise
         except Exception as exc:
             raise translate(exc) from exc

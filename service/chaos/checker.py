@@ -1,0 +1,236 @@
+"""The checker: holds the database, the output and dead-letter topics and Redis against the
+load generator's ground-truth log, the way Jepsen's checkers count lost, duplicated and
+unseen operations. ``payauth verify --against LOG`` runs it.
+
+Every message sent must be accounted for exactly once:
+- *decided*: it is the message the dedup record names as its source (partition, offset);
+- *dead-lettered*: a DLQ record names it as its source (invalid input, conflicts);
+- *duplicate*: another message with the same transaction_id and payload was decided.
+A message that is none of these was lost; one that is two of them was handled twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import redis
+from confluent_kafka import Consumer, TopicPartition
+
+from service.adapters.kafka import client_config, read_snapshot
+from service.config import Settings
+from service.verify import verify
+
+
+@dataclass
+class Finding:
+    name: str
+    violations: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+@dataclass
+class Report:
+    findings: list[Finding]
+    accounted: dict[str, int]
+
+    @property
+    def ok(self) -> bool:
+        return all(f.ok for f in self.findings)
+
+    def render(self) -> str:
+        lines = []
+        for f in self.findings:
+            if f.ok:
+                lines.append(f"PASS  {f.name}")
+            else:
+                lines.append(f"FAIL  {f.name}: {len(f.violations)} violation(s), e.g. "
+                             + "; ".join(f.violations[:3]))
+        lines.append("checker: all invariants hold" if self.ok else
+                     "checker: INVARIANTS VIOLATED")
+        return "\n".join(lines)
+
+
+def read_log(path: Path) -> list[dict[str, Any]]:
+    with path.open() as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def read_all(settings: Settings, topic: str) -> list[Any]:
+    return read_snapshot({**client_config(settings), "group.id": f"{settings.group_id}.checker"},
+                         topic)
+
+
+def committed_and_end(settings: Settings) -> tuple[dict[int, int], dict[int, int]]:
+    consumer = Consumer({"bootstrap.servers": settings.kafka_bootstrap_servers,
+                         "group.id": settings.group_id, "enable.auto.commit": False})
+    try:
+        meta = consumer.list_topics(settings.input_topic, timeout=15).topics[settings.input_topic]
+        tps = [TopicPartition(settings.input_topic, p) for p in meta.partitions]
+        committed = {tp.partition: tp.offset for tp in consumer.committed(tps, timeout=15)}
+        ends = {tp.partition: consumer.get_watermark_offsets(tp, timeout=15)[1] for tp in tps}
+        return committed, ends
+    finally:
+        consumer.close()
+
+
+async def _database(dsn: str, txns: list[str]) -> dict[str, Any]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        processed = {r["txn_id"]: r for r in await conn.fetch(
+            "SELECT txn_id, result, fingerprint, source_partition, source_offset "
+            "FROM processed_transactions WHERE txn_id = ANY($1::text[])", txns)}
+        ledger: dict[str, int] = defaultdict(int)
+        for r in await conn.fetch("SELECT txn_id FROM ledger_entries "
+                                  "WHERE txn_id = ANY($1::text[])", txns):
+            ledger[r["txn_id"]] += 1
+        idle = await conn.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND state LIKE 'idle in transaction%'")
+        return {"processed": processed, "ledger": ledger, "idle": idle}
+    finally:
+        await conn.close()
+
+
+def check(settings: Settings, log_path: Path, *, redis_prefix: str | None = None) -> Report:
+    log = read_log(log_path)
+    dsn = settings.database_url.get_secret_value()
+    txns = sorted({m["txn"] for m in log if m["txn"]})
+    db = asyncio.run(_database(dsn, txns))
+    processed, ledger = db["processed"], db["ledger"]
+    dlq = read_all(settings, settings.dlq_topic)
+    output = read_all(settings, settings.output_topic)
+
+    findings: list[Finding] = []
+
+    # --- the consumer group reached the end
+    lag = Finding("lag is zero (every offset committed)")
+    committed, ends = committed_and_end(settings)
+    for p, end in ends.items():
+        if end and committed.get(p, -1) < end:
+            lag.violations.append(f"partition {p}: committed {committed.get(p)} < end {end}")
+    findings.append(lag)
+
+    # --- DLQ records: reason and source
+    dlq_found = Finding("every DLQ record carries its reason and source offset")
+    dead: dict[tuple[int, int], set[str]] = defaultdict(set)
+    for rec in dlq:
+        headers = {k: v.decode() for k, v in (rec.headers() or [])}
+        if not headers.get("error.reason") or "source.offset" not in headers:
+            dlq_found.violations.append(f"dlq {rec.partition()}/{rec.offset()} lacks headers")
+            continue
+        if headers.get("source.topic") == settings.input_topic:
+            source = (int(headers["source.partition"]), int(headers["source.offset"]))
+            dead[source].add(headers["error.reason"])
+    findings.append(dlq_found)
+
+    # --- every message accounted for exactly once
+    accounting = Finding("every message sent is accounted for exactly once")
+    wrong_dlq = Finding("no valid message is in the DLQ; invalid ones carry the right reason")
+    accounted: dict[str, int] = defaultdict(int)
+    first_fp: dict[str, str] = {}
+    for m in sorted(log, key=lambda m: m["seq"]):
+        if m["txn"] and m["expect"] in ("approved", "declined"):
+            first_fp.setdefault(m["txn"], m["fp"])
+    for m in log:
+        where = (m["partition"], m["offset"])
+        in_dlq = dead.get(where, set())
+        row = processed.get(m["txn"]) if m["txn"] else None
+        decided = row is not None and (row["source_partition"], row["source_offset"]) == where
+        duplicate = (row is not None and not decided and row["fingerprint"] == m["fp"]) or \
+            (row is None and m["txn"] and ledger.get(m["txn"]) and m["expect"] == "approved")
+        states = [s for s, on in (("decided", decided), ("dead-lettered", bool(in_dlq)),
+                                  ("duplicate", bool(duplicate))) if on]
+        if len(states) != 1:
+            accounting.violations.append(
+                f"{m['kind']} {m['txn']} at {where}: {' and '.join(states) or 'LOST'}")
+            continue
+        state = states[0]
+        if m["expect"] in ("invalid", "conflict"):
+            if state != "dead-lettered" or m["reason"] not in in_dlq:
+                wrong_dlq.violations.append(f"{m['kind']} at {where}: {state} {sorted(in_dlq)}")
+            accounted["conflict" if m["expect"] == "conflict" else "dead-lettered"] += 1
+        else:
+            if state == "dead-lettered":
+                wrong_dlq.violations.append(f"valid {m['kind']} {m['txn']} in the DLQ: {in_dlq}")
+                accounted["dead-lettered"] += 1
+            elif state == "duplicate" or row is None:
+                accounted["duplicate"] += 1
+            else:
+                accounted[str(row["result"]).lower()] += 1
+    findings += [accounting, wrong_dlq]
+
+    # --- per transaction: decided once, rightly, first payload, ledger
+    decisions = Finding("each transaction decided once, as expected, on its first payload")
+    money = Finding("each approved transaction has exactly one ledger entry, others none")
+    expected: dict[str, str] = {}
+    for m in log:
+        if m["txn"] and m["expect"] in ("approved", "declined"):
+            expected[m["txn"]] = m["expect"]
+    for txn, want in expected.items():
+        row = processed.get(txn)
+        if row is None:
+            if not (want == "approved" and ledger.get(txn)):  # purged record, ledger guards
+                decisions.violations.append(f"{txn}: never decided")
+            continue
+        assert row is not None
+        if row["result"].lower() != want:
+            decisions.violations.append(f"{txn}: {row['result']} but expected {want}")
+        if row["fingerprint"] != first_fp[txn]:
+            decisions.violations.append(f"{txn}: stored payload is not the first one sent")
+        entries = ledger.get(txn, 0)
+        if (row["result"] == "APPROVED" and entries != 1) or \
+                (row["result"] == "DECLINED" and entries != 0):
+            money.violations.append(f"{txn}: {row['result']} with {entries} ledger entries")
+    findings += [decisions, money]
+
+    # --- the output topic
+    events = Finding("an event for every decided transaction; repeats identical")
+    by_txn: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for rec in output:
+        event = json.loads(rec.value())
+        by_txn[event["transaction_id"]].append(event)
+    for txn, row in processed.items():
+        seen = by_txn.get(txn)
+        if not seen:
+            events.violations.append(f"{txn}: no event")
+        elif any(e != seen[0] for e in seen) or seen[0]["result"] != row["result"]:
+            events.violations.append(f"{txn}: {len(seen)} events differ or disagree with DB")
+    findings.append(events)
+
+    # --- Redis: a key only for a committed row
+    cache = Finding("every Redis dedup key has a committed database row")
+    if redis_prefix is not None:
+        client = redis.Redis.from_url(settings.redis_url.get_secret_value(),
+                                      decode_responses=True, socket_timeout=5)
+        try:
+            for key in client.scan_iter(match=f"dedup:{redis_prefix}*", count=1000):
+                txn = key.removeprefix("dedup:")
+                row = processed.get(txn)
+                if row is None:
+                    cache.violations.append(f"{key} without a committed row")
+                elif row["fingerprint"] != client.get(key):
+                    cache.violations.append(f"{key} fingerprint differs from the row")
+        except redis.RedisError as exc:
+            cache.violations.append(f"Redis unreadable: {exc}")
+    findings.append(cache)
+
+    # --- money and sessions
+    balances = Finding("balances = opening + ledger, none negative (payauth verify)")
+    for name, finding in asyncio.run(verify(dsn)):
+        if finding is not None:
+            balances.violations.append(f"{name}: {finding.count}")
+    findings.append(balances)
+    idle = Finding("no session left idle in transaction")
+    if db["idle"]:
+        idle.violations.append(f"{db['idle']} session(s) idle in transaction")
+    findings.append(idle)
+    return Report(findings, dict(accounted))

@@ -1,0 +1,236 @@
+"""The load generator: sends authorizations of every kind and writes a ground-truth log.
+
+Outcomes are made deterministic by the accounts they target, whatever the interleaving:
+rich accounts (never run out) approve purchases and refunds; an empty account declines for
+funds; a blocked one, a USD one (EUR requests) and a missing one decline for their reasons.
+So the checker knows each transaction's right result without replaying the worker's logic.
+
+Each log line is one message as the broker acknowledged it (partition and offset from the
+delivery report):
+
+    {"seq": 17, "kind": "dup_new_message_id", "txn": "CH-ab12-000017", "fp": "…",
+     "expect": "approved", "reason": null, "partition": 3, "offset": 1204}
+
+``expect`` is the transaction's result (approved/declined), or ``conflict`` / ``invalid``
+for messages that must end in the dead-letter topic (``reason`` then says which).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+import uuid
+from collections import Counter, deque
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+from typing import IO, Any
+
+import asyncpg
+from confluent_kafka import Producer
+
+from service.demo import authorization_message
+from service.domain.messages import decode_authorization
+
+RICH_BALANCE = Decimal("1000000000.00")
+
+
+@dataclass(frozen=True)
+class Accounts:
+    rich: list[str]
+    empty: str
+    blocked: str
+    usd: str
+    missing: str
+
+
+async def seed_accounts(dsn: str, run: str, n_rich: int = 50) -> Accounts:
+    accounts = Accounts(
+        rich=[f"CHR-{run}-{i:03d}" for i in range(n_rich)],
+        empty=f"CHE-{run}", blocked=f"CHB-{run}", usd=f"CHU-{run}", missing=f"CHM-{run}",
+    )
+    rows = [(a, RICH_BALANCE, "EUR", "ACTIVE") for a in accounts.rich]
+    rows += [(accounts.empty, Decimal(0), "EUR", "ACTIVE"),
+             (accounts.blocked, Decimal(1000), "EUR", "BLOCKED"),
+             (accounts.usd, Decimal(1000), "USD", "ACTIVE")]
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.executemany(
+            "INSERT INTO accounts (account_id, balance, opening_balance, currency, status) "
+            "VALUES ($1, $2, $2, $3, $4)", rows)
+    finally:
+        await conn.close()
+    return accounts
+
+
+_INVALID: list[tuple[str, str]] = [
+    ("invalid_json", "INVALID_JSON"),
+    ("invalid_nan", "INVALID_JSON"),
+    ("invalid_decimals", "SCHEMA_VIOLATION"),
+    ("invalid_currency", "SCHEMA_VIOLATION"),
+    ("invalid_missing_key", "SCHEMA_VIOLATION"),
+    ("invalid_pan", "CARD_DATA_PRESENT"),
+]
+
+
+class LoadGenerator:
+    def __init__(self, *, bootstrap: str, topic: str, partitions: int, run: str,
+                 accounts: Accounts, log_path: Path, seed: int,
+                 late_after_seconds: float = 30.0) -> None:
+        self._producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
+                                   "acks": "all", "linger.ms": 5,
+                                   "message.timeout.ms": 300_000})
+        self._topic = topic
+        self._partitions = partitions
+        self._run = run
+        self._accounts = accounts
+        self._rng = random.Random(seed)
+        self._log: IO[str] = log_path.open("w")
+        self._log_lock = threading.Lock()
+        self._seq = 0
+        self._txn_seq = 0
+        self._late_after = late_after_seconds
+        # Messages kept for later duplicates: (sent_at, key, raw, txn, fp, expect)
+        self._history: deque[tuple[float, str, bytes, str, str, str]] = deque(maxlen=5000)
+        self.sent: Counter[str] = Counter()
+        self.failed: list[str] = []
+
+    # ---------------------------------------------------------------- sending
+    def _send(self, kind: str, key: str, raw: bytes, *, txn: str | None, fp: str | None,
+              expect: str, reason: str | None = None, partition: int | None = None) -> None:
+        self._seq += 1
+        seq = self._seq
+
+        def delivered(err: Any, msg: Any) -> None:
+            if err is not None:
+                self.failed.append(f"{kind} {txn}: {err}")
+                return
+            line = {"seq": seq, "kind": kind, "txn": txn, "fp": fp, "expect": expect,
+                    "reason": reason, "partition": msg.partition(), "offset": msg.offset(),
+                    "key": key}
+            with self._log_lock:
+                self._log.write(json.dumps(line) + "\n")
+
+        kwargs: dict[str, Any] = {"key": key, "value": raw, "on_delivery": delivered}
+        if partition is not None:
+            kwargs["partition"] = partition
+        while True:
+            try:
+                self._producer.produce(self._topic, **kwargs)
+                break
+            except BufferError:
+                self._producer.poll(0.05)
+        self._producer.poll(0)
+        self.sent[kind] += 1
+
+    def _txn_id(self) -> str:
+        self._txn_seq += 1
+        return f"CH-{self._run}-{self._txn_seq:07d}"
+
+    # ------------------------------------------------------------------ kinds
+    def _valid(self) -> tuple[str, str, dict[str, Any], str]:
+        """A new transaction: (kind, key, message, expected result)."""
+        a = self._accounts
+        roll = self._rng.random()
+        txn = self._txn_id()
+        amount = f"{self._rng.randint(1, 50_000) / 100:.2f}"
+        if roll < 0.70:
+            acc = self._rng.choice(a.rich)
+            return "new_purchase", acc, authorization_message(txn, account_id=acc,
+                                                              amount=amount), "approved"
+        if roll < 0.76:
+            acc = self._rng.choice(a.rich)
+            return "new_refund", acc, authorization_message(
+                txn, account_id=acc, amount=amount, authorization_type="REFUND"), "approved"
+        if roll < 0.82:
+            return "decline_funds", a.empty, authorization_message(
+                txn, account_id=a.empty, amount=amount), "declined"
+        if roll < 0.88:
+            return "decline_blocked", a.blocked, authorization_message(
+                txn, account_id=a.blocked, amount=amount), "declined"
+        if roll < 0.94:
+            return "decline_currency", a.usd, authorization_message(
+                txn, account_id=a.usd, amount=amount), "declined"
+        return "decline_unknown", a.missing, authorization_message(
+            txn, account_id=a.missing, amount=amount), "declined"
+
+    def step(self) -> None:
+        """Send one new transaction, sometimes followed by duplicates, a conflict or junk."""
+        kind, key, message, expect = self._valid()
+        raw = json.dumps(message).encode()
+        auth = decode_authorization(raw)
+        txn, fp = auth.transaction_id, auth.fingerprint
+        self._send(kind, key, raw, txn=txn, fp=fp, expect=expect)
+        self._history.append((time.monotonic(), key, raw, txn, fp, expect))
+        roll = self._rng.random()
+        if roll < 0.08:
+            self._send("dup_same_message", key, raw, txn=txn, fp=fp, expect=expect)
+        elif roll < 0.14:
+            retry = json.loads(raw)
+            retry["headers"]["message_id"] = f"retry-{uuid.uuid4().hex[:12]}"
+            self._send("dup_new_message_id", key, json.dumps(retry).encode(), txn=txn, fp=fp,
+                       expect=expect)
+        elif roll < 0.19:
+            self._send("dup_other_partition", key, raw, txn=txn, fp=fp, expect=expect,
+                       partition=self._rng.randrange(self._partitions))
+        elif roll < 0.22 and kind != "new_refund":
+            conflicting = json.loads(raw)
+            conflicting["body"]["amount"] = f"{Decimal(conflicting['body']['amount']) + 1:.2f}"
+            conflicting["headers"]["message_id"] = f"conflict-{uuid.uuid4().hex[:12]}"
+            # Same key, so the same partition, after the original: the original decides.
+            self._send("conflict", key, json.dumps(conflicting).encode(), txn=txn,
+                       fp=decode_authorization(json.dumps(conflicting).encode()).fingerprint,
+                       expect="conflict", reason="IDEMPOTENCY_KEY_CONFLICT")
+        elif roll < 0.25:
+            name, reason = self._rng.choice(_INVALID)
+            self._send(name, key, self._invalid(name, key), txn=None, fp=None,
+                       expect="invalid", reason=reason)
+        if self._rng.random() < 0.05:
+            self._late_duplicate()
+
+    def _late_duplicate(self) -> None:
+        """Re-send a message decided long ago (past the Redis TTL in a chaos run)."""
+        now = time.monotonic()
+        old = [h for h in list(self._history)[:500] if now - h[0] > self._late_after]
+        if old:
+            _, key, raw, txn, fp, expect = self._rng.choice(old)
+            self._send("dup_late_replay", key, raw, txn=txn, fp=fp, expect=expect)
+
+    def _invalid(self, name: str, key: str) -> bytes:
+        txn = self._txn_id()
+        message = authorization_message(txn, account_id=key, amount="1.00")
+        if name == "invalid_json":
+            return json.dumps(message).encode()[:-7]
+        if name == "invalid_nan":
+            return json.dumps(message).replace('"1.00"', "NaN").encode()
+        if name == "invalid_decimals":
+            message["body"]["amount"] = "1.001"
+        elif name == "invalid_currency":
+            message["body"]["currency"] = "eur"
+        elif name == "invalid_missing_key":
+            del message["body"]["transaction_id"]
+        elif name == "invalid_pan":
+            message["body"]["merchant"] = "card 4111 1111 1111 1111"
+        return json.dumps(message).encode()
+
+    # ------------------------------------------------------------------- runs
+    def run(self, *, seconds: float, rate: float, stop: threading.Event | None = None) -> None:
+        """Send about ``rate`` new transactions a second for ``seconds`` (or until ``stop``)."""
+        interval = 1.0 / rate
+        deadline = time.monotonic() + seconds
+        next_at = time.monotonic()
+        while time.monotonic() < deadline and not (stop and stop.is_set()):
+            self.step()
+            next_at += interval
+            delay = next_at - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+
+    def close(self) -> None:
+        remaining = self._producer.flush(300)
+        if remaining:
+            self.failed.append(f"{remaining} messages never acknowledged")
+        with self._log_lock:
+            self._log.close()
