@@ -15,10 +15,7 @@ import json
 import os
 import random
 import signal
-import subprocess
-import sys
 import time
-import urllib.request
 import uuid
 from collections import Counter
 from decimal import Decimal
@@ -29,6 +26,7 @@ import asyncpg
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from service.config import Settings
+from service.processes import WorkerProcess
 from service.topics import ensure_topics
 from service.verify import report, verify
 
@@ -231,25 +229,6 @@ def wait_for_zero_lag(settings: Settings, timeout: float) -> None:
         time.sleep(0.5)
 
 
-def scrape(port: int) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-        text = resp.read().decode()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("payauth_") and " " in line:
-            name, value = line.rsplit(" ", 1)
-            out[name] = float(value)
-    return out
-
-
-def start_worker(name: str, port: int, log_dir: Path) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, PAYAUTH_METRICS_PORT=str(port), PAYAUTH_GROUP_INSTANCE_ID="",
-               PAYAUTH_COMMIT_INTERVAL_MS="200")
-    log = (log_dir / f"{name}.log").open("wb")
-    return subprocess.Popen([sys.executable, "-m", "service", "run"], env=env, stdout=log,
-                            stderr=subprocess.STDOUT)
-
-
 def run_demo(settings: Settings, *, transactions: int, accounts: int, seed: int,
              log_dir: Path, ports: tuple[int, ...] = (9101, 9102)) -> int:
     rng = random.Random(seed)
@@ -265,7 +244,10 @@ def run_demo(settings: Settings, *, transactions: int, accounts: int, seed: int,
     stream = DemoStream(run, book, partitions, rng)
     stream.build(transactions)
 
-    workers = [start_worker(f"worker-{i + 1}", port, log_dir) for i, port in enumerate(ports)]
+    env = dict(os.environ, PAYAUTH_GROUP_INSTANCE_ID="", PAYAUTH_COMMIT_INTERVAL_MS="200")
+    workers = [WorkerProcess({**env, "PAYAUTH_METRICS_PORT": str(port)},
+                             log_dir / f"worker-{i + 1}.log").start()
+               for i, port in enumerate(ports)]
     try:
         print(f"demo: two workers started (metrics on :{ports[0]} and :{ports[1]}, "
               f"logs in {log_dir})")
@@ -276,14 +258,15 @@ def run_demo(settings: Settings, *, transactions: int, accounts: int, seed: int,
         print(f"demo: produced {len(stream.late_wave)} late redeliveries and a conflict")
         wait_for_zero_lag(settings, timeout=300)
         observed: Counter[str] = Counter()
-        for port in ports:
-            for name, value in scrape(port).items():
-                observed[name] += int(value)
+        for worker in workers:
+            for name, value in worker.metrics().items():
+                if name.startswith("payauth_"):
+                    observed[name] += int(value)
     finally:
-        for proc in workers:
-            proc.send_signal(signal.SIGTERM)
-        for proc in workers:
-            proc.wait(60)
+        for worker in workers:
+            worker.signal(signal.SIGTERM)
+        for worker in workers:
+            worker.wait_exit(60)
 
     text, ok = report(asyncio.run(verify(dsn)))
     return print_summary(stream.expected, observed, text, ok)

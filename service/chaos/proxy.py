@@ -1,6 +1,8 @@
-"""A loopback TCP proxy that a test can cut and restore: a real network fault between the
-worker and a dependency (connections reset, new ones refused), without stopping the
-dependency for every other user of the stack."""
+"""A loopback TCP proxy that a test or the chaos run can cut, pause and restore: real network
+faults between the worker and a dependency without stopping the dependency for every other
+user of the stack. ``cut`` resets every connection and refuses new ones (a crashed or
+unreachable server); ``pause`` holds every byte in flight (a frozen server: the client's
+timeouts must fire)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import contextlib
 import socket
 import struct
 import threading
+import time
 
 
 class TcpProxy:
@@ -21,6 +24,7 @@ class TcpProxy:
         self._lock = threading.Lock()
         self._conns: list[socket.socket] = []
         self._up = True
+        self._paused = False
         self._closed = False
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -46,6 +50,8 @@ class TcpProxy:
     def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
         try:
             while data := src.recv(65536):
+                while self._paused and self._up:
+                    time.sleep(0.05)
                 dst.sendall(data)
         except OSError:
             pass
@@ -67,6 +73,13 @@ class TcpProxy:
 
     def restore(self) -> None:
         self._up = True
+        self._paused = False
+
+    def pause(self) -> None:
+        self._paused = True
+
+    def resume(self) -> None:
+        self._paused = False
 
     def close(self) -> None:
         self.cut()

@@ -1,0 +1,110 @@
+"""Worker processes seen from outside: start ``payauth run``, find its metrics port in its log,
+scrape it, signal it. Used by the demo, the chaos run and the tests."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """'name{labels}' → value, for every sample line of a Prometheus text exposition."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match and not line.startswith("#"):
+            out[match.group(1) + (match.group(2) or "")] = float(match.group(3))
+    return out
+
+
+class WorkerProcess:
+    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+        self.env = env
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+        configured = int(env.get("PAYAUTH_METRICS_PORT", "0") or 0)
+        self._port: int | None = configured or None  # 0: the worker picks one and logs it
+
+    def start(self) -> WorkerProcess:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "service", "run"], cwd=ROOT, env=self.env,
+                stdout=log, stderr=subprocess.STDOUT,
+            )
+        return self
+
+    def logs(self) -> list[dict[str, Any]]:
+        out = []
+        if self.log_path.exists():
+            for line in self.log_path.read_text(errors="replace").splitlines():
+                if line.startswith("{"):
+                    try:
+                        out.append(json.loads(line))
+                    except ValueError:
+                        continue
+        return out
+
+    def raw_log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        return [e for e in self.logs() if e.get("event") == name]
+
+    def port(self, timeout: float = 30) -> int:
+        """The metrics port the worker bound (it logs it at start; port 0 picks a free one)."""
+        deadline = time.monotonic() + timeout
+        while self._port is None:
+            started = self.events("worker_starting")
+            if started:
+                self._port = int(started[-1]["metrics_port"])
+            elif time.monotonic() > deadline or not self.alive():
+                raise RuntimeError(f"worker did not start; log:\n{self.raw_log()[-2000:]}")
+            else:
+                time.sleep(0.1)
+        return self._port
+
+    def http_get(self, path: str) -> tuple[int, str]:
+        url = f"http://127.0.0.1:{self.port()}{path}"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                return int(resp.status), resp.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    def metrics(self) -> dict[str, float]:
+        return parse_metrics(self.http_get("/metrics")[1])
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            assert self.proc is not None
+            self.proc.send_signal(sig)
+
+    def terminate(self, timeout: float = 60) -> int:
+        assert self.proc is not None
+        self.signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        if self.alive():
+            assert self.proc is not None
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def wait_exit(self, timeout: float) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout)
