@@ -55,6 +55,9 @@ test-integration: stack-up ## integration tests (real Kafka, PostgreSQL, Redis)
 test-e2e: stack-up ## end-to-end tests
 	@$(PY) -m pytest -q tests/e2e
 
+chaos: stack-up migrate ## fault-injection run + invariant checker (CHAOS_SECONDS, CHAOS_SEED)
+	@$(PY) -m service.chaos.run
+
 check: lint types ## lint + types
 
 lint: venv

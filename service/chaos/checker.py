@@ -212,12 +212,16 @@ def check(settings: Settings, log_path: Path, *, redis_prefix: str | None = None
         client = redis.Redis.from_url(settings.redis_url.get_secret_value(),
                                       decode_responses=True, socket_timeout=5)
         try:
-            for key in client.scan_iter(match=f"dedup:{redis_prefix}*", count=1000):
+            keys = list(client.scan_iter(match=f"dedup:{redis_prefix}*", count=1000))
+            values = client.mget(keys) if keys else []
+            for key, value in zip(keys, values, strict=True):
+                if value is None:
+                    continue  # expired (TTL) between the scan and the read: no key, no claim
                 txn = key.removeprefix("dedup:")
                 row = processed.get(txn)
                 if row is None:
                     cache.violations.append(f"{key} without a committed row")
-                elif row["fingerprint"] != client.get(key):
+                elif row["fingerprint"] != value:
                     cache.violations.append(f"{key} fingerprint differs from the row")
         except redis.RedisError as exc:
             cache.violations.append(f"Redis unreadable: {exc}")

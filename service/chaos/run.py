@@ -1,0 +1,503 @@
+"""``make chaos``: a bounded, self-stopping fault-injection run with the invariant checker.
+
+Three workers in one group on the local stack; a load generator with a ground-truth log; two
+lanes of seeded, random faults (workers: kill -9, kill -9 at the commit points, SIGTERM,
+SIGSTOP past the poll interval, a member joining mid-batch, a planned rollback; services:
+Redis stopped/flushed/restarted, PostgreSQL restarted/paused/unreachable, the Kafka broker
+restarted). Then faults stop, lag drains to zero, the checker runs and a table is printed.
+Exit 1 on any violation.
+
+    CHAOS_SECONDS (default 240)  CHAOS_SEED (default 1)  CHAOS_RATE new transactions/s (100)
+    CHAOS_FAULTS_PER_KIND (default max(5, CHAOS_SECONDS // 60))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import traceback
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import asyncpg
+import redis
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+from service.chaos.checker import check, committed_and_end
+from service.chaos.generator import LoadGenerator, seed_accounts
+from service.chaos.proxy import TcpProxy
+from service.config import Settings, load_settings
+from service.migrate import migrate
+from service.processes import ROOT, WorkerProcess
+
+STACK = ROOT / "deploy/local/stack.sh"
+PARTITIONS = 12
+
+
+def log(msg: str) -> None:
+    print(f"[chaos {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class RedisServer:
+    """A private redis-server for the run, so stopping it disturbs nobody else."""
+
+    def __init__(self, directory: Path) -> None:
+        self.port = free_port()
+        self.dir = directory
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(self.dir)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis(port=self.port, socket_timeout=1)
+        for _ in range(100):
+            try:
+                client.ping()
+                return
+            except redis.RedisError:
+                time.sleep(0.05)
+        raise RuntimeError("private redis-server did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def flush(self) -> None:
+        redis.Redis(port=self.port, socket_timeout=2).flushall()
+
+
+class Supervisor:
+    """Keeps three worker slots running (as an orchestrator would), scrapes their metrics."""
+
+    def __init__(self, base_env: dict[str, str], log_dir: Path) -> None:
+        self._env = base_env
+        self._dir = log_dir
+        self._lock = threading.Lock()
+        self.slots: list[WorkerProcess | None] = [None, None, None]
+        self._held: set[int] = set()
+        self._generation = 0
+        self._last: dict[int, dict[str, float]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def spawn(self, slot: int, **overrides: str) -> WorkerProcess:
+        with self._lock:
+            self._generation += 1
+            worker = WorkerProcess({**self._env, **overrides},
+                                   self._dir / f"worker-{slot}-{self._generation}.log").start()
+            if slot >= 0:
+                self.slots[slot] = worker
+            return worker
+
+    def hold(self, slot: int) -> None:
+        self._held.add(slot)
+
+    def release(self, slot: int) -> None:
+        self._held.discard(slot)
+
+    def start(self) -> None:
+        for slot in range(len(self.slots)):
+            self.spawn(slot)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            for slot, worker in enumerate(self.slots):
+                if worker is None or slot in self._held:
+                    continue
+                if worker.alive():
+                    self.scrape(worker)
+                else:
+                    time.sleep(0.5)  # an orchestrator's restart delay
+                    if slot not in self._held and not self._stop.is_set():
+                        self.spawn(slot)
+            self._stop.wait(1.0)
+
+    def scrape(self, worker: WorkerProcess) -> None:
+        with contextlib.suppress(Exception):  # starting, stopping or dying: keep the last
+            self._last[id(worker)] = worker.metrics()
+
+    def totals(self) -> Counter[str]:
+        out: Counter[str] = Counter()
+        for sample in self._last.values():
+            for name, value in sample.items():
+                out[name] += int(value)
+        return out
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        workers = [w for w in self.slots if w is not None]
+        for w in workers:
+            self.scrape(w)
+            w.signal(signal.SIGTERM)
+        for w in workers:
+            try:
+                w.wait_exit(60)
+            except subprocess.TimeoutExpired:
+                w.kill()
+
+
+class Chaos:
+    def __init__(self, settings: Settings, seconds: float, seed: int, rate: float,
+                 per_kind: int, out_dir: Path) -> None:
+        self.settings = settings
+        self.seconds = seconds
+        self.rng = random.Random(seed)
+        self.seed = seed
+        self.rate = rate
+        self.per_kind = per_kind
+        self.out = out_dir
+        self.run = uuid.uuid4().hex[:6]
+        self.faults: Counter[str] = Counter()
+        self.errors: list[str] = []
+        self.stop_faults = threading.Event()
+        admin_dsn = settings.database_url.get_secret_value().rsplit("/", 1)[0]
+        self.database = f"payauth_chaos_{self.run}"
+        self.admin_dsn = admin_dsn + "/postgres"
+        self.dsn = f"{admin_dsn}/{self.database}"
+        self.topics = {n: f"chaos.{self.run}.{n}" for n in ("in", "out", "dlq")}
+        self.group = f"chaos-{self.run}"
+        self.pg_ours = _pg_is_ours()
+        self.kafka_ours = (ROOT / ".stack/kafka/kafka.pid").exists()
+
+    # ------------------------------------------------------------------ setup
+    def setup(self) -> None:
+        async def create_db() -> None:
+            conn = await asyncpg.connect(self.admin_dsn)
+            try:
+                await conn.execute(f'CREATE DATABASE "{self.database}"')
+            finally:
+                await conn.close()
+            await migrate(self.dsn)
+
+        asyncio.run(create_db())
+        admin = AdminClient({"bootstrap.servers": self.settings.kafka_bootstrap_servers})
+        for future in admin.create_topics([
+            NewTopic(self.topics["in"], num_partitions=PARTITIONS, replication_factor=1),
+            NewTopic(self.topics["out"], num_partitions=PARTITIONS, replication_factor=1),
+            NewTopic(self.topics["dlq"], num_partitions=3, replication_factor=1),
+        ]).values():
+            future.result()
+        self.redis = RedisServer(self.out)
+        self.redis.start()
+        pg_port = int(self.dsn.split("://", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
+        self.proxy = TcpProxy(pg_port)
+        self.accounts = asyncio.run(seed_accounts(self.dsn, self.run))
+        self.worker_settings = Settings(
+            kafka_bootstrap_servers=self.settings.kafka_bootstrap_servers,
+            group_id=self.group, input_topic=self.topics["in"],
+            output_topic=self.topics["out"], dlq_topic=self.topics["dlq"],
+            database_url=self.dsn,  # type: ignore[arg-type]
+            redis_url=f"redis://127.0.0.1:{self.redis.port}/0",  # type: ignore[arg-type]
+        )
+        proxied = self.dsn.replace(self.dsn.split("://", 1)[1].split("/", 1)[0],
+                                   f"127.0.0.1:{self.proxy.port}")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PAYAUTH_")}
+        env.update({
+            "PAYAUTH_KAFKA_BOOTSTRAP_SERVERS": self.settings.kafka_bootstrap_servers,
+            "PAYAUTH_GROUP_ID": self.group,
+            "PAYAUTH_INPUT_TOPIC": self.topics["in"],
+            "PAYAUTH_OUTPUT_TOPIC": self.topics["out"],
+            "PAYAUTH_DLQ_TOPIC": self.topics["dlq"],
+            "PAYAUTH_DATABASE_URL": proxied,
+            "PAYAUTH_REDIS_URL": f"redis://127.0.0.1:{self.redis.port}/0",
+            "PAYAUTH_REDIS_TIMEOUT_SECONDS": "0.3",
+            "PAYAUTH_METRICS_PORT": "0",
+            "PAYAUTH_LOG_LEVEL": "INFO",
+            "PAYAUTH_SESSION_TIMEOUT_MS": "6000",
+            "PAYAUTH_MAX_POLL_INTERVAL_MS": "10000",
+            "PAYAUTH_COMMIT_INTERVAL_MS": "500",
+            "PAYAUTH_DEDUP_TTL_SECONDS": "20",  # late replays outlive the fast path
+            "PAYAUTH_STATEMENT_TIMEOUT_MS": "4000",
+            "PAYAUTH_LOCK_TIMEOUT_MS": "2000",
+            "PAYAUTH_SHUTDOWN_TIMEOUT_SECONDS": "15",
+            "PAYAUTH_RETRY_BACKOFF_MAX_MS": "2000",
+            "PAYAUTH_PURGE_INTERVAL_SECONDS": "0",
+        })
+        self.supervisor = Supervisor(env, self.out / "workers")
+
+    # ----------------------------------------------------------------- faults
+    def worker_faults(self) -> dict[str, Callable[[], None]]:
+        sup = self.supervisor
+
+        def victim() -> int:
+            return self.rng.randrange(len(sup.slots))
+
+        def kill() -> None:
+            slot = victim()
+            worker = sup.slots[slot]
+            if worker is not None:
+                worker.signal(signal.SIGKILL)
+
+        def kill_at(point: str) -> Callable[[], None]:
+            def fault() -> None:
+                slot = victim()
+                sup.hold(slot)
+                worker = sup.slots[slot]
+                if worker is not None:
+                    worker.kill()
+                doomed = sup.spawn(slot, PAYAUTH_FAULT_POINT=point)
+                try:
+                    doomed.wait_exit(30)  # dies by itself at the point, on its first batch
+                except subprocess.TimeoutExpired:
+                    doomed.kill()  # it got no work in time: a plain kill -9 then
+                sup.release(slot)
+            return fault
+
+        def sigterm() -> None:
+            slot = victim()
+            sup.hold(slot)
+            worker = sup.slots[slot]
+            if worker is not None:
+                try:
+                    worker.terminate(30)
+                except subprocess.TimeoutExpired:
+                    self.errors.append("a worker did not stop within 30 s of SIGTERM")
+                    worker.kill()
+            sup.spawn(slot)
+            sup.release(slot)
+
+        def zombie() -> None:
+            worker = sup.slots[victim()]
+            if worker is not None and worker.alive():
+                worker.signal(signal.SIGSTOP)
+                time.sleep(12)  # past max.poll.interval.ms and session.timeout.ms
+                worker.signal(signal.SIGCONT)
+
+        def join() -> None:
+            extra = sup.spawn(-1)
+            time.sleep(self.rng.uniform(3, 8))
+            try:
+                extra.terminate(30)
+            except subprocess.TimeoutExpired:
+                extra.kill()
+
+        def rollback() -> None:
+            slot = victim()
+            sup.hold(slot)
+            worker = sup.slots[slot]
+            if worker is not None:
+                worker.kill()
+            sup.spawn(slot, PAYAUTH_FAULT_POINT="rollback_once")
+            sup.release(slot)
+
+        return {
+            "worker_kill": kill,
+            "worker_kill_after_db_commit": kill_at("after_db_commit"),
+            "worker_kill_after_publish": kill_at("after_publish"),
+            "worker_sigterm": sigterm,
+            "worker_sigstop_zombie": zombie,
+            "worker_joins_mid_batch": join,
+            "transaction_rolled_back": rollback,
+        }
+
+    def infra_faults(self) -> dict[str, Callable[[], None]]:
+        def redis_stop() -> None:
+            self.redis.stop()
+            time.sleep(self.rng.uniform(2, 6))
+            self.redis.start()
+
+        def redis_restart() -> None:
+            self.redis.stop()
+            self.redis.start()
+
+        def pg_pause() -> None:
+            self.proxy.pause()
+            time.sleep(self.rng.uniform(2, 6))
+            self.proxy.resume()
+
+        def pg_unreachable() -> None:
+            self.proxy.cut()
+            time.sleep(self.rng.uniform(2, 5))
+            self.proxy.restore()
+
+        faults: dict[str, Callable[[], None]] = {
+            "redis_stopped": redis_stop,
+            "redis_flushed": self.redis.flush,
+            "redis_restarted": redis_restart,
+            "postgres_paused": pg_pause,
+            "postgres_unreachable": pg_unreachable,
+        }
+        if self.pg_ours:
+            faults["postgres_restarted"] = lambda: _stack("restart-postgres")
+        if self.kafka_ours:
+            faults["kafka_broker_restarted"] = lambda: _stack("restart-kafka")
+        return faults
+
+    def lane(self, name: str, faults: dict[str, Callable[[], None]]) -> None:
+        schedule = [k for k in faults for _ in range(self.per_kind)]
+        self.rng.shuffle(schedule)
+        interval = self.seconds / max(1, len(schedule))
+        started = time.monotonic()
+        for i, kind in enumerate(schedule):
+            wait = started + i * interval - time.monotonic()
+            if wait > 0 and self.stop_faults.wait(wait):
+                return
+            if self.stop_faults.is_set():
+                return
+            log(f"{name}: {kind}")
+            try:
+                faults[kind]()
+                self.faults[kind] += 1
+            except Exception as exc:
+                self.errors.append(f"fault {kind} failed: {exc!r}")
+                log(f"fault {kind} failed: {traceback.format_exc(limit=2)}")
+
+    # -------------------------------------------------------------------- run
+    def execute(self) -> int:
+        self.out.mkdir(parents=True, exist_ok=True)
+        log(f"run {self.run}: {self.seconds:.0f} s, seed {self.seed}, {self.rate:.0f} txn/s, "
+            f"{self.per_kind} fault(s) of each kind; artifacts in {self.out}")
+        self.setup()
+        self.supervisor.start()
+        truth = self.out / "truth.jsonl"
+        generator = LoadGenerator(
+            bootstrap=self.settings.kafka_bootstrap_servers, topic=self.topics["in"],
+            partitions=PARTITIONS, run=self.run, accounts=self.accounts, log_path=truth,
+            seed=self.seed, late_after_seconds=30)
+        load = threading.Thread(target=generator.run,
+                                kwargs={"seconds": self.seconds, "rate": self.rate})
+        lanes = [threading.Thread(target=self.lane, args=("workers", self.worker_faults())),
+                 threading.Thread(target=self.lane, args=("services", self.infra_faults()))]
+        load.start()
+        for lane in lanes:
+            lane.start()
+        while load.is_alive():
+            load.join(timeout=10)
+            log(f"progress: {sum(generator.sent.values())} messages sent")
+        load.join()
+        generator.close()
+        log(f"load done: {sum(generator.sent.values())} messages sent")
+        # Let the fault lanes finish what they planned (bounded), then heal everything.
+        for lane in lanes:
+            lane.join(timeout=self.seconds)
+        self.stop_faults.set()
+        for lane in lanes:
+            lane.join()
+        self.heal()
+        caught_up = self.wait_for_zero_lag(timeout=600)
+        self.supervisor.stop()
+        report = check(self.worker_settings, truth, redis_prefix=f"CH-{self.run}-")
+        ok = caught_up and report.ok and not generator.failed and not self.errors
+        text = self.table(generator.sent, report, generator.failed)
+        print(text)
+        (self.out / "report.txt").write_text(text + "\n")
+        self.cleanup(keep=not ok)
+        return 0 if ok else 1
+
+    def heal(self) -> None:
+        log("faults stopped; healing: Redis up, PostgreSQL reachable, three workers running")
+        self.proxy.restore()
+        if self.redis.proc is None or self.redis.proc.poll() is not None:
+            self.redis.start()
+        for slot, worker in enumerate(self.supervisor.slots):
+            if worker is not None:
+                worker.signal(signal.SIGCONT)
+            self.supervisor.release(slot)
+
+    def wait_for_zero_lag(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                committed, ends = committed_and_end(self.worker_settings)
+                remaining = sum(max(0, e - max(committed.get(p, 0), 0))
+                                for p, e in ends.items())
+                if remaining == 0:
+                    log("lag is zero")
+                    return True
+            except Exception as exc:
+                remaining = -1
+                log(f"lag unknown yet: {exc}")
+            time.sleep(2)
+        log(f"lag did not reach zero in {timeout:.0f} s ({remaining} left)")
+        return False
+
+    def table(self, sent: Counter[str], report: object, failed: list[str]) -> str:
+        from service.chaos.checker import Report
+
+        assert isinstance(report, Report)
+        totals = self.supervisor.totals()
+        lines = ["", "messages sent by kind", "-" * 44]
+        lines += [f"  {k:<32}{v:>10}" for k, v in sorted(sent.items())]
+        lines.append(f"  {'total':<32}{sum(sent.values()):>10}")
+        lines += ["", "faults injected by kind", "-" * 44]
+        lines += [f"  {k:<32}{v:>10}" for k, v in sorted(self.faults.items())]
+        lines.append(f"  {'total':<32}{sum(self.faults.values()):>10}")
+        lines += ["", "outcomes (from the database and the topics)", "-" * 44]
+        lines += [f"  {k:<32}{v:>10}" for k, v in sorted(report.accounted.items())]
+        lines.append(f"  {'accounted for':<32}{sum(report.accounted.values()):>10}")
+        lines += ["", "duplicates caught per layer (as scraped before each exit)", "-" * 44]
+        for layer in ("redis", "postgres"):
+            key = 'payauth_duplicates_total{layer="' + layer + '"}'
+            lines.append(f"  {layer:<32}{totals[key]:>10}")
+        lines += ["", "invariants", "-" * 44, report.render()]
+        if failed or self.errors:
+            lines += ["", "run problems:"] + [f"  {e}" for e in failed + self.errors]
+        return "\n".join(lines)
+
+    def cleanup(self, *, keep: bool) -> None:
+        self.redis.stop()
+        self.proxy.close()
+        if keep:
+            log(f"kept database {self.database} and topics chaos.{self.run}.* for inspection")
+            return
+        admin = AdminClient({"bootstrap.servers": self.settings.kafka_bootstrap_servers})
+        for future in admin.delete_topics(list(self.topics.values())).values():
+            with contextlib.suppress(Exception):  # best effort: it is only clean-up
+                future.result()
+
+        async def drop() -> None:
+            conn = await asyncpg.connect(self.admin_dsn)
+            try:
+                await conn.execute(f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)')
+            finally:
+                await conn.close()
+
+        asyncio.run(drop())
+
+
+def _stack(command: str) -> None:
+    subprocess.run(["bash", str(STACK), command], check=True, stdout=subprocess.DEVNULL)
+
+
+def _pg_is_ours() -> bool:
+    data = "/var/lib/postgresql/payauth-stack" if os.geteuid() == 0 else str(
+        ROOT / ".stack/postgres")
+    return Path(os.environ.get("PG_DATA", data), "postmaster.pid").exists()
+
+
+def main() -> int:
+    seconds = float(os.environ.get("CHAOS_SECONDS", "240"))
+    seed = int(os.environ.get("CHAOS_SEED", "1"))
+    rate = float(os.environ.get("CHAOS_RATE", "100"))
+    per_kind = int(os.environ.get("CHAOS_FAULTS_PER_KIND", str(max(5, int(seconds // 60)))))
+    out = Path(os.environ.get("CHAOS_OUT", str(ROOT / ".chaos" / time.strftime("%Y%m%d-%H%M%S"))))
+    if shutil.which("redis-server") is None:
+        print("chaos: redis-server is needed (make stack-up installs it)")
+        return 2
+    return Chaos(load_settings(), seconds, seed, rate, per_kind, out).execute()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
