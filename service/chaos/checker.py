@@ -16,7 +16,7 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import asyncpg
 import redis
@@ -213,7 +213,8 @@ def check(settings: Settings, log_path: Path, *, redis_prefix: str | None = None
                                       decode_responses=True, socket_timeout=5)
         try:
             keys = list(client.scan_iter(match=f"dedup:{redis_prefix}*", count=1000))
-            values = client.mget(keys) if keys else []
+            # redis-py types its sync and async clients alike: this one returns a list.
+            values = cast(list[str | None], client.mget(keys) if keys else [])
             for key, value in zip(keys, values, strict=True):
                 if value is None:
                     continue  # expired (TTL) between the scan and the read: no key, no claim
