@@ -19,16 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from service.adapters.kafka import client_config
 from service.config import Settings
-
-try:  # the model classes moved between confluent-kafka versions
-    from confluent_kafka import ConsumerGroupTopicPartitions
-except ImportError:  # pragma: no cover
-    from confluent_kafka.admin import ConsumerGroupTopicPartitions  # type: ignore
 
 
 class ReplayRefused(Exception):

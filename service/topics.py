@@ -45,3 +45,6 @@ def ensure_topics(
                 if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise
     return created
+
+
+__all__ = ["NewTopic", "ensure_topics", "wait_for_broker"]

@@ -30,7 +30,8 @@ from pathlib import Path
 
 import asyncpg
 import redis
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka.admin import AdminClient
+from pydantic import SecretStr
 
 from service.chaos.checker import check, committed_and_end
 from service.chaos.generator import LoadGenerator, seed_accounts
@@ -38,6 +39,7 @@ from service.chaos.proxy import TcpProxy
 from service.config import Settings, load_settings
 from service.migrate import migrate
 from service.processes import ROOT, WorkerProcess
+from service.topics import NewTopic
 
 STACK = ROOT / "deploy/local/stack.sh"
 PARTITIONS = 12
@@ -208,8 +210,8 @@ class Chaos:
             kafka_bootstrap_servers=self.settings.kafka_bootstrap_servers,
             group_id=self.group, input_topic=self.topics["in"],
             output_topic=self.topics["out"], dlq_topic=self.topics["dlq"],
-            database_url=self.dsn,  # type: ignore[arg-type]
-            redis_url=f"redis://127.0.0.1:{self.redis.port}/0",  # type: ignore[arg-type]
+            database_url=SecretStr(self.dsn),
+            redis_url=SecretStr(f"redis://127.0.0.1:{self.redis.port}/0"),
         )
         proxied = self.dsn.replace(self.dsn.split("://", 1)[1].split("/", 1)[0],
                                    f"127.0.0.1:{self.proxy.port}")

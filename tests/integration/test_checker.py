@@ -9,6 +9,8 @@ import signal
 import uuid
 from pathlib import Path
 
+from pydantic import SecretStr
+
 from service.chaos.checker import check, read_log
 from service.chaos.generator import LoadGenerator, seed_accounts
 from service.config import Settings
@@ -19,8 +21,8 @@ from tests.support.workers import wait_caught_up
 def settings_for(env: stack.Env) -> Settings:
     return Settings(kafka_bootstrap_servers=stack.BOOTSTRAP, group_id=env.group_id,
                     input_topic=env.input_topic, output_topic=env.output_topic,
-                    dlq_topic=env.dlq_topic, database_url=env.dsn,  # type: ignore[arg-type]
-                    redis_url=env.redis_url)  # type: ignore[arg-type]
+                    dlq_topic=env.dlq_topic, database_url=SecretStr(env.dsn),
+                    redis_url=SecretStr(env.redis_url))
 
 
 def generate(env: stack.Env, run: str, log: Path, seconds: float = 2.0) -> LoadGenerator:
