@@ -43,8 +43,8 @@ run: venv ## one worker in the foreground (configure with PAYAUTH_* variables)
 demo: stack-up migrate ## the main job end to end: two workers, duplicates, DLQ, summary, verify
 	@PAYAUTH_LOG_LEVEL=WARNING $(PAYAUTH) demo
 
-test: stack-up ## every test tier (unit, integration, e2e) against the local stack
-	@$(PY) -m pytest -q tests/unit tests/integration tests/e2e
+test: stack-up ## every test tier (unit, integration, e2e, a short chaos run) on the local stack
+	@$(PY) -m pytest -q tests/unit tests/integration tests/e2e tests/chaos
 
 test-unit: venv ## unit tests only (no services needed)
 	@$(PY) -m pytest -q tests/unit
@@ -54,6 +54,9 @@ test-integration: stack-up ## integration tests (real Kafka, PostgreSQL, Redis)
 
 test-e2e: stack-up ## end-to-end tests
 	@$(PY) -m pytest -q tests/e2e
+
+bench: stack-up ## benchmark report, ratios against baselines run alongside; JSON to $(BENCH_OUT)
+	@BENCH_OUT=$(BENCH_OUT) $(PY) -m service.bench.run
 
 chaos: stack-up migrate ## fault-injection run + invariant checker (CHAOS_SECONDS, CHAOS_SEED)
 	@$(PY) -m service.chaos.run

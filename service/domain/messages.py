@@ -28,7 +28,7 @@ from pydantic import (
 
 from service.domain.errors import DeadLetterReason, InvalidMessage
 from service.domain.money import MAX_AMOUNT, UnknownCurrency, decimals_of, format_amount, minor_unit
-from service.domain.pan import document_contains_pan
+from service.domain.pan import document_contains_pan, may_contain_pan
 
 # Stable namespace for event ids: the same transaction_id always yields the same event_id.
 EVENT_NAMESPACE = uuid.UUID("6b1f5c1e-8f4e-4e1c-9a55-3f0d2f0c9a01")
@@ -208,7 +208,7 @@ def decode_authorization(raw: bytes | None, *, max_bytes: int = 65_536) -> Autho
     except (ValueError, RecursionError) as exc:
         detail = str(exc).splitlines()[0][:200] if isinstance(exc, ValueError) else "too deep"
         raise InvalidMessage(DeadLetterReason.INVALID_JSON, detail) from None
-    if document_contains_pan(document):
+    if may_contain_pan(text) and document_contains_pan(document):
         # Checked before the schema so that no error detail can ever quote the number.
         raise InvalidMessage(
             DeadLetterReason.CARD_DATA_PRESENT,

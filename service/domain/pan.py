@@ -1,8 +1,15 @@
 """Detect raw card numbers (PANs) so that a message carrying one is refused, not stored.
 
-A PAN is 13 to 19 digits, possibly grouped by spaces or dashes, that pass the Luhn check,
-standing on its own: a digit run inside a longer token (a hex digest such as the card hash,
-an id like "TXN9876543210987654A") is not a card number, or every 1,000th hash would be.
+A PAN here is 13 to 19 digits, possibly grouped by spaces or dashes, standing on its own (a
+digit run inside a longer token, such as a hex digest, is not one), whose first digit is a
+payment-card industry identifier (ISO/IEC 7812: 2 to 6, covering Mastercard, Amex, JCB,
+Diners, Visa, Discover, UnionPay, Maestro), and that passes the Luhn check.
+
+The identifiers the network assigns (message_id, correlation_id, transaction_id,
+account_id) are not scanned: they are opaque ids constrained to 64 printable characters,
+and a numeric id would otherwise be refused one time in twenty. Card data leaks through the
+other fields (free text, a hash that is not a hash, a field the gateway should not send),
+and every one of those is scanned, extra fields included.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ def luhn_valid(digits: str) -> bool:
 def contains_pan(text: str) -> bool:
     for match in _CANDIDATE.finditer(text):
         digits = re.sub(r"[ -]", "", match.group())
-        if 13 <= len(digits) <= 19 and luhn_valid(digits):
+        if 13 <= len(digits) <= 19 and digits[0] in "23456" and luhn_valid(digits):
             return True
     return False
 
@@ -49,6 +56,29 @@ def _strings(value: object) -> Iterator[str]:
             yield from _strings(item)
 
 
+_IDENTIFIERS = {
+    "headers": {"message_id", "correlation_id", "timestamp"},
+    "body": {"transaction_id", "account_id", "amount", "currency"},
+}
+
+
+def may_contain_pan(text: str) -> bool:
+    """A cheap first look at the raw text: no 13-digit candidate at all means no PAN."""
+    return _CANDIDATE.search(text) is not None
+
+
 def document_contains_pan(document: object) -> bool:
-    """True when any key, string or integer anywhere in a decoded JSON document is a PAN."""
-    return any(contains_pan(text) for text in _strings(document))
+    """True when a key, string or integer of a decoded message, identifiers aside, is a PAN."""
+    if not isinstance(document, dict):
+        return any(contains_pan(text) for text in _strings(document))
+    for key, value in document.items():
+        if contains_pan(str(key)):
+            return True
+        skip = _IDENTIFIERS.get(key, set())
+        if isinstance(value, dict) and skip:
+            parts: object = {k: v for k, v in value.items() if k not in skip}
+        else:
+            parts = value
+        if any(contains_pan(text) for text in _strings(parts)):
+            return True
+    return False

@@ -197,3 +197,22 @@ def test_fingerprint_is_the_business_payload() -> None:
         other = decode_authorization(encode(auth_message("T", **{"amount": "10.50", **change})))
         assert other.fingerprint != base.fingerprint, change
     assert base.event_id == retry.event_id
+
+
+def test_network_identifiers_are_not_mistaken_for_card_numbers() -> None:
+    # A numeric message or transaction id that happens to pass Luhn is an id, not a PAN.
+    message = auth_message("4111111111111111", message_id="4111111111111111")
+    assert decode_authorization(encode(message)).transaction_id == PAN
+
+
+def test_only_payment_card_prefixes_count() -> None:
+    from service.domain.pan import contains_pan
+
+    assert contains_pan("4111111111111111") and contains_pan("378282246310005")  # Visa, Amex
+    assert contains_pan("5555555555554444") and contains_pan("6011111111111117")
+    from service.domain.pan import luhn_valid
+
+    for prefix in ("1", "7", "8", "9"):  # no payment card issuer starts with these
+        number = next(n for d in "0123456789"
+                      if luhn_valid(n := prefix + "11111111111111" + d))
+        assert not contains_pan(number), number

@@ -1,0 +1,476 @@
+"""``make bench``: what one worker achieves, as ratios against baselines measured in the same
+run on the same machine (absolute numbers on a shared 2-core machine mean little alone).
+
+Phases, each on its own topic/group in one fresh database with 10,000 accounts:
+  pgbench     the worker's own SQL for one authorization, 8 clients (the database's limit)
+  raw         a bare confluent-kafka consumer over the input topic (Kafka's limit)
+  new         one worker over a backlog of new authorizations, 12 partitions
+  replay      the same backlog again after `payauth replay --to-earliest`: all duplicates
+  hot         every authorization on one account
+  latency     paced at 70 % of `new`: produce → result event, p50/p99
+  naive       the seed's flow, message by message (the baseline to beat)
+and then `payauth verify`. Writes JSON to $BENCH_OUT (default .bench/results.json).
+
+    BENCH_MODE=smoke  a small, quick run that only keeps the benchmark working (CI)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, cast
+
+import asyncpg
+import redis
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+from pydantic import SecretStr
+
+from service.adapters import postgres as sql
+from service.bench.naive import run_naive
+from service.config import Settings, load_settings
+from service.demo import authorization_message
+from service.migrate import migrate
+from service.processes import ROOT, WorkerProcess
+from service.replay import build_plan, execute
+from service.topics import NewTopic
+from service.verify import report, verify
+
+PARTITIONS = 12
+ACCOUNTS = 10_000
+
+
+@dataclass(frozen=True)
+class Sizes:
+    new: int
+    hot: int
+    naive: int
+    latency_seconds: float
+    pgbench_seconds: int
+
+
+FULL = Sizes(new=100_000, hot=30_000, naive=3_000, latency_seconds=30, pgbench_seconds=20)
+SMOKE = Sizes(new=3_000, hot=1_000, naive=200, latency_seconds=4, pgbench_seconds=3)
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def account_id(i: int) -> str:
+    return f"BA-{i:05d}"
+
+
+class Bench:
+    def __init__(self, settings: Settings, sizes: Sizes, out: Path, log_level: str) -> None:
+        self.settings = settings
+        self.sizes = sizes
+        self.out = out
+        self.log_level = log_level
+        self.run = uuid.uuid4().hex[:6]
+        base = settings.database_url.get_secret_value().rsplit("/", 1)[0]
+        self.admin_dsn = base + "/postgres"
+        self.database = f"payauth_bench_{self.run}"
+        self.dsn = f"{base}/{self.database}"
+        self.bootstrap = settings.kafka_bootstrap_servers
+        self.redis_url = settings.redis_url.get_secret_value()
+        self.rng = random.Random(42)
+        self.results: dict[str, Any] = {}
+        self.topics: list[str] = []
+
+    # ------------------------------------------------------------ preparation
+    def topic(self, name: str, partitions: int = PARTITIONS) -> str:
+        full = f"bench.{self.run}.{name}"
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        admin.create_topics([NewTopic(full, num_partitions=partitions,
+                                      replication_factor=1)])[full].result()
+        self.topics.append(full)
+        return full
+
+    async def prepare_db(self) -> None:
+        conn = await asyncpg.connect(self.admin_dsn)
+        try:
+            await conn.execute(f'CREATE DATABASE "{self.database}"')
+        finally:
+            await conn.close()
+        await migrate(self.dsn)
+        conn = await asyncpg.connect(self.dsn)
+        try:
+            await conn.copy_records_to_table(
+                "accounts", columns=["account_id", "balance", "opening_balance", "currency"],
+                records=[(account_id(i), Decimal("1000000000"), Decimal("1000000000"), "EUR")
+                         for i in range(ACCOUNTS)])
+            await conn.execute("ANALYZE")
+        finally:
+            await conn.close()
+
+    def messages(self, n: int, *, hot: bool = False, tag: str = "N") -> list[tuple[str, bytes]]:
+        out = []
+        for i in range(n):
+            acc = account_id(0 if hot else self.rng.randrange(ACCOUNTS))
+            txn = f"B{tag}-{self.run}-{i:08d}"
+            amount = f"{self.rng.randint(1, 10_000) / 100:.2f}"
+            out.append((acc, json.dumps(authorization_message(txn, account_id=acc,
+                                                              amount=amount)).encode()))
+        return out
+
+    def produce(self, topic: str, records: list[tuple[str, bytes]]) -> None:
+        producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 20,
+                             "enable.idempotence": True, "compression.type": "lz4",
+                             "batch.num.messages": 10000})
+        for key, value in records:
+            while True:
+                try:
+                    producer.produce(topic, key=key, value=value)
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+        assert producer.flush(120) == 0, "backlog not fully produced"
+
+    # --------------------------------------------------------------- workers
+    def worker(self, topic: str, group: str, name: str) -> WorkerProcess:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PAYAUTH_")}
+        env.update({
+            "PAYAUTH_KAFKA_BOOTSTRAP_SERVERS": self.bootstrap, "PAYAUTH_GROUP_ID": group,
+            "PAYAUTH_INPUT_TOPIC": topic, "PAYAUTH_OUTPUT_TOPIC": topic + ".out",
+            "PAYAUTH_DLQ_TOPIC": topic + ".dlq", "PAYAUTH_DATABASE_URL": self.dsn,
+            "PAYAUTH_REDIS_URL": self.redis_url, "PAYAUTH_METRICS_PORT": "0",
+            "PAYAUTH_LOG_LEVEL": self.log_level, "PAYAUTH_COMMIT_INTERVAL_MS": "200",
+            "PAYAUTH_PURGE_INTERVAL_SECONDS": "0",
+        })
+        return WorkerProcess(env, self.out.parent / "logs" / f"{name}.log").start()
+
+    def committed_total(self, group: str, topic: str) -> int:
+        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": group})
+        try:
+            tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+            return sum(max(tp.offset, 0) for tp in consumer.committed(tps, timeout=10))
+        finally:
+            consumer.close()
+
+    def throughput(self, group: str, topic: str, total: int, timeout: float = 900) -> float:
+        """Messages/s between 10 % and 90 % of the backlog committed (the sustained rate)."""
+        marks: dict[float, float] = {}
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            done = self.committed_total(group, topic)
+            now = time.monotonic()
+            for fraction in (0.1, 0.9):
+                if fraction not in marks and done >= fraction * total:
+                    marks[fraction] = now
+            if done >= total:
+                break
+            time.sleep(0.1)
+        else:
+            raise RuntimeError(f"{topic}: not done in {timeout} s")
+        return 0.8 * total / max(marks[0.9] - marks[0.1], 1e-6)
+
+    @staticmethod
+    def peak_rss_mb(worker: WorkerProcess) -> float:
+        assert worker.proc is not None
+        status = Path(f"/proc/{worker.proc.pid}/status").read_text()
+        match = re.search(r"VmHWM:\s+(\d+) kB", status)
+        return int(match.group(1)) / 1024 if match else float("nan")
+
+    # --------------------------------------------------------------- counters
+    async def pg_commits(self) -> int:
+        conn = await asyncpg.connect(self.dsn)
+        try:
+            await conn.execute("SELECT pg_stat_clear_snapshot()")
+            return int(await conn.fetchval(
+                "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"))
+        finally:
+            await conn.close()
+
+    def redis_calls(self) -> int:
+        stats = cast(dict[str, dict[str, Any]],
+                     redis.Redis.from_url(self.redis_url).info("commandstats"))
+        return sum(int(v["calls"]) for v in stats.values())
+
+    # ----------------------------------------------------------------- phases
+    def phase_pgbench(self) -> None:
+        script = self.out.parent / "pgbench_authorize.sql"
+        script.write_text(pgbench_script())
+        dsn = self.dsn.split("://", 1)[1]
+        hostport, db = dsn.split("/", 1)
+        host, port = hostport.rsplit(":", 1) if ":" in hostport else (hostport, "5432")
+        user = host.split("@")[0] if "@" in host else None
+        host = host.split("@")[-1]
+        cmd = ["pgbench", "-n", "-M", "prepared", "-c", "8", "-j", "2",
+               "-T", str(self.sizes.pgbench_seconds), "-f", str(script), "-h", host, "-p",
+               port, db]
+        if user:
+            cmd += ["-U", user]
+        result = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        found = re.search(r"tps = ([\d.]+)", result.stdout)
+        if found is None:
+            raise RuntimeError(f"pgbench printed no tps:\n{result.stdout}\n{result.stderr}")
+        tps = float(found.group(1))
+        self.results["pgbench_same_sql_tps"] = round(tps, 1)
+        log(f"pgbench, the worker's SQL for one authorization: {tps:,.0f} tps")
+
+    def phase_raw(self, topic: str, total: int) -> None:
+        consumer = Consumer({"bootstrap.servers": self.bootstrap,
+                             "group.id": f"raw-{self.run}", "auto.offset.reset": "earliest",
+                             "enable.auto.commit": False})
+        consumer.subscribe([topic])
+        seen, started = 0, None
+        while seen < total:
+            batch = consumer.consume(1000, timeout=1.0)
+            if batch and started is None:
+                started = time.monotonic()
+            seen += sum(1 for m in batch if m.error() is None)
+        assert started is not None
+        rate = seen / (time.monotonic() - started)
+        consumer.close()
+        self.results["raw_consume_per_s"] = round(rate, 1)
+        log(f"raw confluent-kafka consumer: {rate:,.0f} msg/s")
+
+    def phase_new_and_replay(self, topic: str, total: int) -> None:
+        group = f"bench-{self.run}"
+        commits, calls = asyncio.run(self.pg_commits()), self.redis_calls()
+        worker = self.worker(topic, group, "new")
+        rate = self.throughput(group, topic, total)
+        time.sleep(1.5)  # statistics are flushed by backends about once a second
+        commits = asyncio.run(self.pg_commits()) - commits
+        calls = self.redis_calls() - calls
+        self.results["new_auth_per_s"] = round(rate, 1)
+        self.results["pg_commits_per_msg"] = round(commits / total, 4)
+        self.results["redis_calls_per_msg"] = round(calls / total, 4)
+        rss = self.peak_rss_mb(worker)
+        assert worker.terminate() == 0
+        log(f"one worker, new authorizations: {rate:,.0f} auth/s "
+            f"({commits / total:.3f} PostgreSQL commits and {calls / total:.3f} Redis calls "
+            f"per message)")
+
+        # Replay: rewind the group, run the same backlog again; every message a duplicate.
+        time.sleep(7)  # let the group become empty before the rewind
+        replay_settings = self.settings.model_copy(update={"group_id": group,
+                                                           "input_topic": topic})
+        execute(replay_settings, build_plan(replay_settings, to_earliest=True))
+        worker = self.worker(topic, group, "replay")
+        rate = self.throughput(group, topic, total)
+        rss = max(rss, self.peak_rss_mb(worker))
+        dups = worker.metrics()
+        assert worker.terminate() == 0
+        self.results["replay_dups_per_s"] = round(rate, 1)
+        self.results["worker_rss_mb"] = round(rss, 1)
+        caught = {k: v for k, v in dups.items() if k.startswith("payauth_duplicates_total")}
+        log(f"replay, all duplicates: {rate:,.0f} msg/s {caught}; peak RSS {rss:.0f} MB")
+
+    def phase_hot(self) -> None:
+        topic = self.topic("hot")
+        self.produce(topic, self.messages(self.sizes.hot, hot=True, tag="H"))
+        group = f"bench-hot-{self.run}"
+        worker = self.worker(topic, group, "hot")
+        rate = self.throughput(group, topic, self.sizes.hot)
+        assert worker.terminate() == 0
+        self.results["hot_account_auth_per_s"] = round(rate, 1)
+        log(f"one hot account: {rate:,.0f} auth/s")
+
+    def phase_latency(self) -> None:
+        topic = self.topic("lat")
+        group = f"bench-lat-{self.run}"
+        worker = self.worker(topic, group, "latency")
+        worker_ready = time.monotonic() + 60
+        while not worker.events("partitions_assigned") and time.monotonic() < worker_ready:
+            time.sleep(0.1)
+        rate = 0.7 * self.results["new_auth_per_s"]
+        sent: dict[str, float] = {}
+        latencies: list[float] = []
+        stop = threading.Event()
+
+        def receive() -> None:
+            consumer = Consumer({"bootstrap.servers": self.bootstrap,
+                                 "group.id": f"lat-reader-{self.run}",
+                                 "auto.offset.reset": "earliest", "fetch.wait.max.ms": 5})
+            consumer.subscribe([topic + ".out"])
+            while not stop.is_set() or len(latencies) < len(sent):
+                for msg in consumer.consume(1000, timeout=0.2):
+                    if msg.error() is None:
+                        txn = json.loads(msg.value() or b"{}").get("transaction_id")
+                        if txn in sent:
+                            latencies.append(time.monotonic() - sent[txn])
+                if stop.is_set() and time.monotonic() > deadline + 30:
+                    break
+            consumer.close()
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        for t in (topic + ".out", topic + ".dlq"):
+            admin.create_topics([NewTopic(t, num_partitions=PARTITIONS,
+                                          replication_factor=1)])[t].result()
+            self.topics.append(t)
+        reader = threading.Thread(target=receive)
+        reader.start()
+        time.sleep(2)
+        producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 0,
+                             "enable.idempotence": True})
+        records = self.messages(int(rate * self.sizes.latency_seconds) + 1, tag="L")
+        started = time.monotonic()
+        deadline = started + self.sizes.latency_seconds
+        for i, (key, value) in enumerate(records):
+            due = started + i / rate
+            while (delay := due - time.monotonic()) > 0:
+                producer.poll(min(delay, 0.001))
+            txn = json.loads(value)["body"]["transaction_id"]
+            sent[txn] = time.monotonic()
+            producer.produce(topic, key=key, value=value)
+            producer.poll(0)
+        producer.flush(30)
+        stop.set()
+        reader.join()
+        assert worker.terminate() == 0
+        latencies.sort()
+        p50 = statistics.median(latencies) * 1000
+        p99 = latencies[int(0.99 * (len(latencies) - 1))] * 1000
+        self.results.update(p50_ms=round(p50, 2), p99_ms=round(p99, 2),
+                            latency_rate_per_s=round(rate, 1),
+                            latency_samples=len(latencies))
+        log(f"latency at {rate:,.0f} auth/s: p50 {p50:.1f} ms, p99 {p99:.1f} ms "
+            f"({len(latencies)} of {len(sent)} events seen)")
+
+    def phase_naive(self) -> None:
+        topic = self.topic("naive")
+        self.produce(topic, self.messages(self.sizes.naive, tag="V"))
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        admin.create_topics([NewTopic(topic + ".out", num_partitions=PARTITIONS,
+                                      replication_factor=1)])[topic + ".out"].result()
+        self.topics.append(topic + ".out")
+        started = time.monotonic()
+        done = asyncio.run(run_naive(bootstrap=self.bootstrap, topic=topic,
+                                     output=topic + ".out", group=f"naive-{self.run}",
+                                     dsn=self.dsn, redis_url=self.redis_url,
+                                     expected=self.sizes.naive))
+        rate = done / (time.monotonic() - started)
+        self.results["baseline_naive_auth_per_s"] = round(rate, 1)
+        log(f"naive per-message baseline: {rate:,.0f} auth/s")
+
+    # -------------------------------------------------------------------- run
+    def execute(self) -> int:
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        log(f"run {self.run}: database {self.database}, {ACCOUNTS} accounts, "
+            f"backlog {self.sizes.new}, worker log level {self.log_level}")
+        asyncio.run(self.prepare_db())
+        self.phase_pgbench()
+        topic = self.topic("new")
+        self.produce(topic, self.messages(self.sizes.new))
+        self.phase_raw(topic, self.sizes.new)
+        self.phase_new_and_replay(topic, self.sizes.new)
+        self.phase_hot()
+        self.phase_latency()
+        self.phase_naive()
+        text, ok = report(asyncio.run(verify(self.dsn)))
+        r = self.results
+        r["ratio_vs_pgbench"] = round(r["new_auth_per_s"] / r["pgbench_same_sql_tps"], 3)
+        r["ratio_vs_naive"] = round(r["new_auth_per_s"] / r["baseline_naive_auth_per_s"], 2)
+        r["ratio_replay_vs_raw"] = round(r["replay_dups_per_s"] / r["raw_consume_per_s"], 3)
+        r["ratio_hot_vs_uniform"] = round(r["hot_account_auth_per_s"] / r["new_auth_per_s"], 3)
+        r["verify_ok"] = ok
+        r["mode"] = "smoke" if self.sizes is SMOKE else "full"
+        r["worker_log_level"] = self.log_level
+        r["measured_at"] = datetime.now(UTC).isoformat(timespec="seconds")
+        r["machine"] = {"cpus": os.cpu_count()}
+        self.out.write_text(json.dumps(r, indent=2) + "\n")
+        print(render(r))
+        print(text)
+        self.cleanup()
+        return 0 if ok else 1
+
+    def cleanup(self) -> None:
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        for future in admin.delete_topics(self.topics).values():
+            try:
+                future.result()
+            except Exception:
+                continue
+
+        async def drop() -> None:
+            conn = await asyncpg.connect(self.admin_dsn)
+            try:
+                await conn.execute(f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)')
+            finally:
+                await conn.close()
+
+        asyncio.run(drop())
+
+
+TARGETS = {
+    "new_auth_per_s": (">=", 5000), "ratio_vs_pgbench": (">=", 0.5),
+    "ratio_vs_naive": (">=", 5), "replay_dups_per_s": (">=", 50_000),
+    "ratio_replay_vs_raw": (">=", 0.5), "p99_ms": ("<=", 50),
+    "ratio_hot_vs_uniform": (">=", 0.5), "pg_commits_per_msg": ("<=", 0.1),
+    "redis_calls_per_msg": ("<=", 0.1), "worker_rss_mb": ("<=", 200),
+}
+
+
+def render(r: dict[str, Any]) -> str:
+    lines = ["", f"{'metric':<28}{'value':>14}  {'target':>10}  ", "-" * 60]
+    for key in ("new_auth_per_s", "baseline_naive_auth_per_s", "pgbench_same_sql_tps",
+                "replay_dups_per_s", "raw_consume_per_s", "hot_account_auth_per_s",
+                "p50_ms", "p99_ms", "pg_commits_per_msg", "redis_calls_per_msg",
+                "worker_rss_mb", "ratio_vs_pgbench", "ratio_vs_naive", "ratio_replay_vs_raw",
+                "ratio_hot_vs_uniform"):
+        value = r[key]
+        target = TARGETS.get(key)
+        mark = ""
+        if target:
+            op, bound = target
+            met = value >= bound if op == ">=" else value <= bound
+            mark = f"{op} {bound:<7}  {'met' if met else 'NOT met'}"
+        lines.append(f"{key:<28}{value:>14,}  {mark}")
+    return "\n".join(lines)
+
+
+def pgbench_script() -> str:
+    """The worker's own statements (``service.adapters.postgres``) for one authorization,
+    with pgbench variables in place of the bind parameters."""
+    txn = "ARRAY['pgb-' || :client_id || '-' || :n]"
+    acct = "ARRAY['BA-' || lpad(:acct::text, 5, '0')]"
+    values = {
+        1: txn, 2: acct, 3: "ARRAY[1.00]", 4: "ARRAY['EUR']", 5: "ARRAY['PURCHASE']",
+        6: "ARRAY['APPROVED']", 7: "ARRAY[NULL]::text[]", 8: "ARRAY['fp']",
+        9: "ARRAY['corr']", 10: "ARRAY['msg']", 11: "ARRAY[-1.00]", 12: "ARRAY[0]",
+        13: "ARRAY[0]", 14: "now()", 15: "'pgbench'",
+    }
+
+    def bind(statement: str, mapping: dict[int, str]) -> str:
+        for number in sorted(mapping, reverse=True):  # $15 before $1
+            statement = statement.replace(f"${number}", mapping[number])
+        return " ".join(statement.split()) + ";"
+
+    return "\n".join([
+        "\\set acct random(0, 9999)",
+        "\\set n random(1, 2000000000)",
+        "BEGIN;",
+        bind(sql._LOCK_ACCOUNTS, {1: acct}),
+        bind(sql._WRITE_BATCH, values),
+        "COMMIT;",
+        "",
+    ])
+
+
+def main() -> int:
+    mode = os.environ.get("BENCH_MODE", "full")
+    out = Path(os.environ.get("BENCH_OUT", str(ROOT / ".bench/results.json")))
+    settings = load_settings()
+    settings = settings.model_copy(update={"redis_url": SecretStr(
+        settings.redis_url.get_secret_value())})
+    level = os.environ.get("BENCH_LOG_LEVEL", "INFO")
+    return Bench(settings, SMOKE if mode == "smoke" else FULL, out, level).execute()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""A short ``make chaos`` (one fault of each kind) so that the chaos run keeps working in CI.
+It restarts the stack's PostgreSQL and Kafka broker, so this tier runs last."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+from tests.support import stack
+
+KINDS = {
+    "worker_kill", "worker_kill_after_db_commit", "worker_kill_after_publish",
+    "worker_sigterm", "worker_sigstop_zombie", "worker_joins_mid_batch",
+    "transaction_rolled_back", "redis_stopped", "redis_flushed", "redis_restarted",
+    "postgres_paused", "postgres_unreachable", "postgres_restarted", "kafka_broker_restarted",
+}
+
+
+def test_a_short_chaos_run_injects_every_fault_and_holds_every_invariant(live_stack,
+                                                                        tmp_path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PAYAUTH_", "CHAOS_"))}
+    env.update(CHAOS_SECONDS="45", CHAOS_FAULTS_PER_KIND="1", CHAOS_SEED="5",
+               CHAOS_RATE="60", CHAOS_OUT=str(tmp_path))
+    result = subprocess.run([sys.executable, "-m", "service.chaos.run"], cwd=stack.ROOT,
+                            env=env, capture_output=True, text=True, timeout=1200)
+    out = result.stdout
+    assert result.returncode == 0, out[-6000:] + result.stderr[-3000:]
+    faults = dict(re.findall(r"^  ([a-z_]+)\s+(\d+)$", out.split("faults injected by kind")[1]
+                             .split("outcomes")[0], re.M))
+    assert KINDS <= set(faults), KINDS - set(faults)
+    assert all(int(faults[k]) >= 1 for k in KINDS)
+    assert "checker: all invariants hold" in out
+    assert "FAIL" not in out
