@@ -308,11 +308,14 @@ class ConsumerThread(threading.Thread):
             while not self._stopping.is_set():
                 self._health.consumer_heartbeat()
                 self._store_finished()
-                msgs = self._consumer.consume(
-                    num_messages=self._settings.max_batch_size, timeout=0.2
-                )
-                if msgs:
-                    self._hand_off(msgs)
+                # poll() returns as soon as one message is there (consume() would wait out
+                # its timeout to fill a batch: latency); then take what is already fetched.
+                first = self._consumer.poll(0.2)
+                if first is not None:
+                    rest = self._consumer.consume(
+                        num_messages=self._settings.max_batch_size - 1, timeout=0
+                    )
+                    self._hand_off([first, *rest])
         except BaseException as exc:
             self.fatal = exc
             log.error("consumer_thread_failed", error=repr(exc))

@@ -72,21 +72,20 @@ _UNAVAILABLE = (
     asyncpg.ReadOnlySQLTransactionError,
 )
 
+# Dedup records are purged after the retention window; the ledger is not. A key found only
+# in the ledger (from_ledger) was approved long ago: it is still a duplicate. One round trip.
 _LOAD_STORED = """
 SELECT p.txn_id, p.fingerprint, p.result, p.decline_reason, p.account_id,
        p.amount::text AS amount_text, p.currency, p.authorization_type, p.correlation_id,
-       p.processed_at, p.published_at IS NOT NULL AS published
+       p.processed_at, p.published_at IS NOT NULL AS published, false AS from_ledger
   FROM processed_transactions p
  WHERE p.txn_id = ANY($1::text[])
-"""
-
-# Dedup records are purged after the retention window; the ledger is not. A key found only
-# in the ledger was approved long ago: it is a duplicate, whatever its payload says now.
-_LOAD_LEDGER_ONLY = """
-SELECT l.txn_id, l.account_id, abs(l.amount)::text AS amount_text, l.currency, l.type,
-       l.created_at
+UNION ALL
+SELECT l.txn_id, NULL, 'APPROVED', NULL, l.account_id, abs(l.amount)::text, l.currency,
+       l.type, NULL, l.created_at, true, true
   FROM ledger_entries l
  WHERE l.txn_id = ANY($1::text[])
+   AND NOT EXISTS (SELECT 1 FROM processed_transactions p WHERE p.txn_id = l.txn_id)
 """
 
 _LOCK_ACCOUNTS = """
@@ -210,12 +209,11 @@ class PostgresStore:
         try:
             async with self._pool.acquire() as conn:
                 rows = await conn.fetch(_LOAD_STORED, list(txn_ids))
-                found = {row["txn_id"]: _stored_from_row(row) for row in rows}
-                missing = [t for t in txn_ids if t not in found]
-                if missing:
-                    for row in await conn.fetch(_LOAD_LEDGER_ONLY, missing):
-                        found[row["txn_id"]] = _stored_from_ledger(row)
-                return found
+            return {
+                row["txn_id"]: _stored_from_ledger(row) if row["from_ledger"]
+                else _stored_from_row(row)
+                for row in rows
+            }
         except Exception as exc:
             raise translate(exc) from exc
 
@@ -329,16 +327,17 @@ def _stored_from_ledger(row: Any) -> StoredResult:
     # fingerprint covers; the event was published long ago (the record outlived delivery).
     currency = row["currency"]
     amount_text = format_amount(Decimal(row["amount_text"]), currency)
+    auth_type = row["authorization_type"]
     return StoredResult(
         transaction_id=row["txn_id"],
-        fingerprint=fingerprint_of(row["account_id"], amount_text, currency, row["type"]),
+        fingerprint=fingerprint_of(row["account_id"], amount_text, currency, auth_type),
         result=Result.APPROVED,
         decline_reason=None,
         account_id=row["account_id"],
         amount_text=amount_text,
         currency=currency,
-        authorization_type=row["type"],
+        authorization_type=auth_type,
         correlation_id=None,
-        processed_at=row["created_at"],
+        processed_at=row["processed_at"],
         published=True,
     )
