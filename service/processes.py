@@ -38,7 +38,7 @@ class WorkerProcess:
 
     def start(self) -> WorkerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
+        with self.log_path.open("wb") as log:  # a fresh log: its port line is this run's
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "service", "run"], cwd=ROOT, env=self.env,
                 stdout=log, stderr=subprocess.STDOUT,

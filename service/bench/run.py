@@ -155,7 +155,7 @@ class Bench:
             "PAYAUTH_LOG_LEVEL": self.log_level, "PAYAUTH_COMMIT_INTERVAL_MS": "200",
             "PAYAUTH_PURGE_INTERVAL_SECONDS": "0",
         })
-        return WorkerProcess(env, self.out.parent / "logs" / f"{name}.log").start()
+        return WorkerProcess(env, self.out.parent / f"logs-{self.run}" / f"{name}.log").start()
 
     def committed_total(self, group: str, topic: str) -> int:
         consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": group})
