@@ -5,12 +5,19 @@ from __future__ import annotations
 import logging
 import sys
 
+import orjson
 import structlog
 
 
+def _dumps(value: object, default: object = None) -> str:
+    return orjson.dumps(value, default=default).decode()  # type: ignore[arg-type]  # callable
+
+
 def configure_logging(fmt: str = "json", level: str = "INFO") -> None:
+    # orjson renders a log line several times faster than json.dumps: with a line per
+    # decision, that is a measurable share of the worker's time.
     renderer: structlog.types.Processor = (
-        structlog.processors.JSONRenderer()
+        structlog.processors.JSONRenderer(serializer=_dumps)
         if fmt == "json"
         else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
     )

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -30,6 +31,7 @@ from typing import Protocol
 import structlog
 
 from service import metrics
+from service.adapters.kafka import Record
 from service.adapters.postgres import ClaimLost, DataRejected
 from service.dead_letter import SourceMessage, dead_letter_headers
 from service.domain.decision import Kind, Outcome, Result, StoredResult, classify
@@ -73,14 +75,7 @@ class Cache(Protocol):
 
 
 class Sender(Protocol):
-    async def send(
-        self,
-        topic: str,
-        *,
-        key: bytes | str | None,
-        value: bytes | None,
-        headers: list[tuple[str, bytes]] | None = None,
-    ) -> asyncio.Future[None]: ...
+    async def publish(self, records: Sequence[Record]) -> None: ...
 
 
 @dataclass
@@ -270,33 +265,30 @@ class BatchProcessor:
         return records
 
     async def _publish(self, plan: _Plan) -> None:
-        futures = []
-        for record, _repeat in plan.events.values():
-            futures.append(await self._sender.send(
-                self._topics.output,
-                key=record.account_id,
-                value=encode_event(result_event(record)),
-            ))
-        for msg, reason, detail in plan.dead_letters:
-            futures.append(await self._sender.send(
-                self._topics.dlq,
-                key=msg.key(),
-                value=msg.value(),
-                headers=dead_letter_headers(msg, reason, detail),
-            ))
-        if futures:
-            results = await asyncio.gather(*futures, return_exceptions=True)
-            failures = [r for r in results if isinstance(r, BaseException)]
-            if failures:
-                raise PublishFailed(f"{len(failures)} of {len(futures)} not acknowledged: "
-                                    f"{failures[0]}")
+        records = [
+            Record(self._topics.output, record.account_id,
+                   encode_event(result_event(record)))
+            for record, _repeat in plan.events.values()
+        ]
+        records += [
+            Record(self._topics.dlq, msg.key(), msg.value(),
+                   dead_letter_headers(msg, reason, detail))
+            for msg, reason, detail in plan.dead_letters
+        ]
+        await self._sender.publish(records)
         for _record, repeat in plan.events.values():
             metrics.events_published_total.labels("republish" if repeat else "first").inc()
 
     # ------------------------------------------------------------- accounting
     def _account(self, plan: _Plan) -> None:
+        """Metrics once per batch; a log line per decision (the audit trail) and per problem;
+        duplicates are summed up in one warning per batch, ids included, so that a replay of
+        millions does not flood the logs."""
+        outcomes: Counter[str] = Counter()
+        layers: Counter[str] = Counter()
+        duplicate_ids: list[str] = []
         for msg, outcome, detail, auth in plan.outcomes:
-            metrics.messages_total.labels(outcome.value).inc()
+            outcomes[outcome.value] += 1
             fields: dict[str, object] = {
                 "partition": msg.partition(), "offset": msg.offset(), "outcome": outcome.value,
             }
@@ -304,16 +296,30 @@ class BatchProcessor:
                 fields["transaction_id"] = auth.transaction_id
                 fields["message_id"] = auth.message_id
             if outcome is Outcome.DUPLICATE:
-                metrics.duplicates_total.labels(detail or "postgres").inc()
-                log.warning("duplicate", layer=detail, **fields)
+                layers[detail or "postgres"] += 1
+                if auth is not None:
+                    duplicate_ids.append(auth.transaction_id)
+                log.debug("duplicate", layer=detail, **fields)
             elif outcome is Outcome.INVALID:
                 log.warning("dead_lettered", reason=detail, **fields)
             elif outcome is Outcome.CONFLICT:
                 log.warning("idempotency_key_conflict", **fields)
             else:
                 log.info("decided", **fields)
-        for _msg, reason, _detail in plan.dead_letters:
-            metrics.dead_letters_total.labels(reason.value).inc()
+        for name, count in outcomes.items():
+            metrics.messages_total.labels(name).inc(count)
+        for layer, count in layers.items():
+            metrics.duplicates_total.labels(layer).inc(count)
+        if duplicate_ids:
+            first = plan.outcomes[0][0]
+            log.warning(
+                "duplicates", count=len(duplicate_ids), by_layer=dict(layers),
+                partition=first.partition(), transaction_ids=duplicate_ids[:100],
+                more=max(0, len(duplicate_ids) - 100),
+            )
+        reasons = Counter(reason.value for _msg, reason, _detail in plan.dead_letters)
+        for reason, count in reasons.items():
+            metrics.dead_letters_total.labels(reason).inc(count)
 
 
 def _cause(exc: TransientError) -> str:

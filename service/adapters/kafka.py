@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import json
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -150,8 +150,46 @@ def read_snapshot(
         consumer.close()
 
 
+@dataclass(frozen=True)
+class Record:
+    topic: str
+    key: bytes | str | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]] | None = None
+
+
+class _BatchAck:
+    """Counts a batch's delivery reports in the delivery thread; wakes the event loop once,
+    when the last one arrives (a wake-up per record would cost more than the record)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, count: int) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._remaining = count
+        self._errors: list[str] = []
+        self.future: asyncio.Future[None] = loop.create_future()
+
+    def on_delivery(self, err: KafkaError | None, _msg: Message) -> None:
+        with self._lock:
+            if err is not None:
+                self._errors.append(err.str())
+            self._remaining -= 1
+            last = self._remaining == 0
+        if last:
+            self._loop.call_soon_threadsafe(self._settle)
+
+    def _settle(self) -> None:
+        if self.future.done():
+            return
+        if self._errors:
+            self.future.set_exception(PublishFailed(
+                f"{len(self._errors)} record(s) not acknowledged: {self._errors[0]}"))
+        else:
+            self.future.set_result(None)
+
+
 class Publisher:
-    """Produce and await the broker's acknowledgement from asyncio."""
+    """Produce and await the broker's acknowledgements from asyncio."""
 
     def __init__(self, producer: Producer, loop: asyncio.AbstractEventLoop) -> None:
         self._producer = producer
@@ -164,45 +202,27 @@ class Publisher:
         while not self._stopping.is_set():
             self._producer.poll(0.1)
 
-    def _resolver(self, future: asyncio.Future[None]) -> Callable[[Any, Any], None]:
-        def on_delivery(err: KafkaError | None, _msg: Message) -> None:
-            def settle() -> None:
-                if future.done():
-                    return
-                if err is None:
-                    future.set_result(None)
-                else:
-                    future.set_exception(PublishFailed(f"delivery failed: {err.str()}"))
-
-            self._loop.call_soon_threadsafe(settle)
-
-        return on_delivery
-
-    async def send(
-        self,
-        topic: str,
-        *,
-        key: bytes | str | None,
-        value: bytes | None,
-        headers: list[tuple[str, bytes]] | None = None,
-    ) -> asyncio.Future[None]:
-        """Queue one record; return a future that settles on the broker's acknowledgement."""
-        future: asyncio.Future[None] = self._loop.create_future()
-        kafka_headers: list[tuple[str, str | bytes | None]] | None = (
-            list(headers) if headers is not None else None
-        )
-        while True:
-            try:
-                self._producer.produce(
-                    topic, value=value, key=key, headers=kafka_headers,
-                    on_delivery=self._resolver(future),
-                )
-                return future
-            except BufferError:
-                # Local queue full: let the delivery thread drain it.
-                await asyncio.sleep(0.01)
-            except KafkaException as exc:
-                raise PublishFailed(f"produce failed: {exc}") from exc
+    async def publish(self, records: Sequence[Record]) -> None:
+        """Send every record; return once Kafka acknowledged all of them (``acks=all``), or
+        raise ``PublishFailed`` if any was refused or timed out."""
+        if not records:
+            return
+        ack = _BatchAck(self._loop, len(records))
+        for record in records:
+            headers: list[tuple[str, str | bytes | None]] | None = (
+                list(record.headers) if record.headers is not None else None
+            )
+            while True:
+                try:
+                    self._producer.produce(record.topic, value=record.value, key=record.key,
+                                           headers=headers, on_delivery=ack.on_delivery)
+                    break
+                except BufferError:
+                    await asyncio.sleep(0.01)  # local queue full: let deliveries drain it
+                except KafkaException as exc:
+                    ack.on_delivery(exc.args[0], None)  # type: ignore[arg-type]  # refused: no Message
+                    break
+        await ack.future
 
     def flush(self, timeout: float) -> int:
         return int(self._producer.flush(timeout))

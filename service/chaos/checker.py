@@ -16,13 +16,14 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import asyncpg
 import redis
 from confluent_kafka import Consumer, TopicPartition
 
 from service.adapters.kafka import client_config, read_snapshot
+from service.adapters.redis_cache import BUCKET_PREFIX
 from service.config import Settings
 from service.verify import verify
 
@@ -212,18 +213,15 @@ def check(settings: Settings, log_path: Path, *, redis_prefix: str | None = None
         client = redis.Redis.from_url(settings.redis_url.get_secret_value(),
                                       decode_responses=True, socket_timeout=5)
         try:
-            keys = list(client.scan_iter(match=f"dedup:{redis_prefix}*", count=1000))
-            # redis-py types its sync and async clients alike: this one returns a list.
-            values = cast(list[str | None], client.mget(keys) if keys else [])
-            for key, value in zip(keys, values, strict=True):
-                if value is None:
-                    continue  # expired (TTL) between the scan and the read: no key, no claim
-                txn = key.removeprefix("dedup:")
-                row = processed.get(txn)
-                if row is None:
-                    cache.violations.append(f"{key} without a committed row")
-                elif row["fingerprint"] != value:
-                    cache.violations.append(f"{key} fingerprint differs from the row")
+            for bucket in client.scan_iter(match=f"{BUCKET_PREFIX}*", count=100):
+                for txn, value in client.hscan_iter(bucket, match=f"{redis_prefix}*",
+                                                    count=1000):
+                    row = processed.get(txn)
+                    if row is None:
+                        cache.violations.append(f"{bucket}[{txn}] without a committed row")
+                    elif row["fingerprint"] != value:
+                        cache.violations.append(f"{bucket}[{txn}] fingerprint differs from "
+                                                "the row")
         except redis.RedisError as exc:
             cache.violations.append(f"Redis unreadable: {exc}")
     findings.append(cache)

@@ -17,6 +17,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
+# Runs of 13+ digits/spaces/dashes that start and end with a digit: a linear scan that
+# rules out almost every message before the (backtracking) candidate pattern runs.
+_RUN = re.compile(r"[0-9][0-9 -]{11,}[0-9]")
 _CANDIDATE = re.compile(r"(?<![0-9A-Za-z])(?:\d[ -]?){12,18}\d(?![0-9A-Za-z])")
 
 
@@ -64,7 +67,7 @@ _IDENTIFIERS = {
 
 def may_contain_pan(text: str) -> bool:
     """A cheap first look at the raw text: no 13-digit candidate at all means no PAN."""
-    return _CANDIDATE.search(text) is not None
+    return any(_CANDIDATE.search(run.group()) for run in _RUN.finditer(text))
 
 
 def document_contains_pan(document: object) -> bool:

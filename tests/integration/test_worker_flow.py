@@ -8,8 +8,8 @@ import uuid
 from decimal import Decimal
 
 import asyncpg
-import redis
 
+from service.adapters.redis_cache import RedisDedupCache
 from tests.support import stack
 from tests.support.factory import auth_message, encode
 from tests.support.workers import wait_caught_up, wait_until
@@ -30,6 +30,14 @@ async def _query(dsn: str, sql: str, *args: object) -> list[asyncpg.Record]:
 
 def query(dsn: str, sql: str, *args: object) -> list[asyncpg.Record]:
     return asyncio.run(_query(dsn, sql, *args))
+
+
+async def forget_cached(url: str, txn_id: str) -> None:
+    cache = RedisDedupCache.from_url(url, ttl_seconds=86_400, timeout_seconds=2)
+    try:
+        await cache.forget([txn_id])
+    finally:
+        await cache.close()
 
 
 def test_decisions_duplicates_conflicts_and_declines(env, spawn_worker) -> None:
@@ -133,7 +141,7 @@ def test_a_redelivered_decline_is_answered_identically(env, spawn_worker) -> Non
 
     # Simulate the crash window: the event's confirmation and the Redis key are lost.
     query(env.dsn, "UPDATE processed_transactions SET published_at = NULL")
-    redis.Redis.from_url(env.redis_url).delete(f"dedup:{t['poor']}")
+    asyncio.run(forget_cached(env.redis_url, t["poor"]))
     # Meanwhile money arrived: a fresh decision would approve. The stored one must win.
     query(env.dsn, "UPDATE accounts SET balance = 100, opening_balance = 100")
     stack.produce(env.input_topic, [(acc["a"], encode(msg))])

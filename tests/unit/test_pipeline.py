@@ -4,13 +4,13 @@ tested against the real services in tests/integration)."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import pytest
 
+from service.adapters.kafka import Record
 from service.adapters.postgres import ClaimLost, DataRejected
 from service.domain.decision import Result, StoredResult
 from service.domain.errors import PublishFailed, StoreUnavailable
@@ -98,16 +98,11 @@ class Sender:
     sent: list[tuple[str, bytes | None]] = field(default_factory=list)
     fail_next: int = 0
 
-    async def send(self, topic: str, *, key: object, value: bytes | None,
-                   headers: object = None) -> asyncio.Future[None]:
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    async def publish(self, records: Sequence[Record]) -> None:
         if self.fail_next:
             self.fail_next -= 1
-            fut.set_exception(PublishFailed("broker said no"))
-        else:
-            self.sent.append((topic, value))
-            fut.set_result(None)
-        return fut
+            raise PublishFailed("broker said no")
+        self.sent += [(r.topic, r.value) for r in records]
 
 
 def processor(store: Store, cache: Cache, sender: Sender) -> BatchProcessor:
