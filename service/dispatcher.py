@@ -1,9 +1,15 @@
-"""Per-partition ordering with concurrency across partitions, on the event loop.
+"""Batches across partitions, order within each, on the event loop.
 
-Each assigned partition has a queue and one task that processes its messages in offset
-order, a micro-batch at a time (whatever queued up while the previous batch ran, up to
-``max_batch``). Different partitions run concurrently. When a batch finishes, its offsets
-are reported to the ``OffsetTracker`` for the consumer thread to store.
+Messages wait in a queue per partition. A batch takes what is waiting from every partition
+that has no batch in flight (up to ``max_batch``), so one database transaction, one Redis
+round trip and one wait for Kafka acknowledgements serve many partitions at once; a partition
+is in at most one batch at a time, so its messages are processed in offset order. Up to
+``max_in_flight`` batches run concurrently (on disjoint partitions), overlapping one batch's
+waits with another's work. When a batch finishes, each partition's next offset is reported to
+the ``OffsetTracker`` for the consumer thread to store.
+
+Under light load a batch is whatever arrived since the last one (low latency); under heavy
+load batches grow by themselves (high throughput).
 """
 
 from __future__ import annotations
@@ -25,48 +31,6 @@ class Processor(Protocol):
     async def process(self, msgs: Sequence[Any]) -> None: ...
 
 
-class _Partition:
-    def __init__(self, tp: TP, processor: Processor, tracker: OffsetTracker, max_batch: int):
-        self.tp = tp
-        self._processor = processor
-        self._tracker = tracker
-        self._max_batch = max_batch
-        self.pending: deque[Any] = deque()
-        self._wakeup = asyncio.Event()
-        self.closing = False
-        self.task = asyncio.create_task(self._run(), name=f"partition-{tp[1]}")
-
-    def add(self, msgs: list[Any]) -> None:
-        if self.closing:
-            return  # revoked: the next owner reads these again from the committed offset
-        self.pending.extend(msgs)
-        self._wakeup.set()
-
-    async def _run(self) -> None:
-        while not self.closing:
-            if not self.pending:
-                self._wakeup.clear()
-                await self._wakeup.wait()
-                continue
-            count = min(len(self.pending), self._max_batch)
-            batch = [self.pending.popleft() for _ in range(count)]
-            await self._processor.process(batch)
-            self._tracker.done(self.tp, batch[-1].offset() + 1, len(batch))
-
-    async def close(self, timeout: float) -> None:  # noqa: ASYNC109 - bounds a shield
-        """Stop after the batch in progress (bounded by ``timeout``); drop the rest."""
-        self.closing = True
-        self.pending.clear()
-        self._wakeup.set()
-        try:
-            await asyncio.wait_for(asyncio.shield(self.task), timeout)
-        except TimeoutError:
-            log.warning("partition_close_timeout", partition=self.tp[1])
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.task
-
-
 class Dispatcher:
     def __init__(
         self,
@@ -75,38 +39,103 @@ class Dispatcher:
         *,
         max_batch: int,
         close_timeout: float,
+        max_in_flight: int = 2,
     ) -> None:
         self._processor = processor
         self._tracker = tracker
         self._max_batch = max_batch
         self._close_timeout = close_timeout
-        self._partitions: dict[TP, _Partition] = {}
+        self._max_in_flight = max_in_flight
+        self._pending: dict[TP, deque[Any]] = {}
+        self._busy: set[TP] = set()  # partitions with a batch in flight
+        self._batches: dict[asyncio.Task[None], list[TP]] = {}
         self._closed = False
+        self._failure: BaseException | None = None
+        self._rotation = 0  # which partition goes first, so no partition starves
 
+    # ------------------------------------------------------------ consumer side
     def submit(self, tp: TP, msgs: list[Any]) -> None:
+        """Called on the loop (via call_soon_threadsafe) with a partition's new messages."""
         if self._closed:
             return
-        part = self._partitions.get(tp)
-        if part is None or part.closing:
-            part = self._partitions[tp] = _Partition(
-                tp, self._processor, self._tracker, self._max_batch
-            )
-        part.add(msgs)
+        self._pending.setdefault(tp, deque()).extend(msgs)
+        self._start_batches()
 
     async def revoke(self, tps: list[TP], *, lost: bool) -> None:
-        parts = [p for tp in tps if (p := self._partitions.pop(tp, None)) is not None]
-        # Lost partitions belong to someone else already: do not wait for our work on them
-        # to finish longer than necessary, but still let a running transaction complete.
+        """Forget what waits on these partitions; let batches touching them finish (bounded:
+        a batch still retrying is cancelled, and the next owner replays it, safely)."""
+        for tp in tps:
+            self._pending.pop(tp, None)
+        touching = [t for t, parts in self._batches.items() if set(parts) & set(tps)]
+        if not touching:
+            return
         timeout = 1.0 if lost else self._close_timeout
-        await asyncio.gather(*(p.close(timeout) for p in parts))
+        done, stuck = await asyncio.wait([asyncio.shield(t) for t in touching], timeout=timeout)
+        del done
+        if stuck:
+            log.warning("revoke_cancelling_batches", partitions=[p for _, p in tps])
+            for task in touching:
+                task.cancel()
+            for task in touching:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
 
     async def drain(self) -> None:
-        """Shutdown: accept nothing more, finish the batches in progress."""
+        """Shutdown: accept nothing more, finish the batches in flight."""
         self._closed = True
-        await self.revoke(list(self._partitions), lost=False)
+        self._pending.clear()
+        await self.revoke(list(self._busy), lost=False)
 
     def failed(self) -> BaseException | None:
-        for part in self._partitions.values():
-            if part.task.done() and not part.task.cancelled() and part.task.exception():
-                return part.task.exception()
-        return None
+        return self._failure
+
+    # -------------------------------------------------------------- batching
+    def _start_batches(self) -> None:
+        while len(self._batches) < self._max_in_flight:
+            batch, parts = self._take()
+            if not batch:
+                return
+            task = asyncio.create_task(self._run(batch, parts), name="batch")
+            self._batches[task] = parts
+
+    def _take(self) -> tuple[list[Any], list[TP]]:
+        ready = [tp for tp, q in self._pending.items() if q and tp not in self._busy]
+        if not ready:
+            return [], []
+        self._rotation = (self._rotation + 1) % len(ready)
+        ready = ready[self._rotation:] + ready[:self._rotation]
+        batch: list[Any] = []
+        parts: list[TP] = []
+        for tp in ready:
+            queue = self._pending[tp]
+            room = self._max_batch - len(batch)
+            if room <= 0:
+                break
+            take = min(room, len(queue))
+            batch.extend(queue.popleft() for _ in range(take))
+            parts.append(tp)
+            self._busy.add(tp)
+        return batch, parts
+
+    async def _run(self, batch: list[Any], parts: list[TP]) -> None:
+        task = asyncio.current_task()
+        try:
+            await self._processor.process(batch)
+            last: dict[TP, tuple[int, int]] = {}
+            for msg in batch:
+                tp = (msg.topic(), msg.partition())
+                _, count = last.get(tp, (0, 0))
+                last[tp] = (msg.offset() + 1, count + 1)
+            for tp, (next_offset, count) in last.items():
+                self._tracker.done(tp, next_offset, count)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug, not a transient fault: the worker stops on it
+            self._failure = exc
+            log.error("batch_failed", error=repr(exc), partitions=[p for _, p in parts])
+        finally:
+            self._busy.difference_update(parts)
+            if task is not None:
+                self._batches.pop(task, None)
+            if not self._closed:
+                self._start_batches()

@@ -61,7 +61,7 @@ class Store(Protocol):
         new: Sequence[Authorization],
         *,
         source_topic: str,
-        source_partition: int,
+        source_partitions: Sequence[int],
         source_offsets: Sequence[int],
     ) -> list[StoredResult]: ...
     async def mark_published(self, txn_ids: Sequence[str]) -> None: ...
@@ -258,7 +258,7 @@ class BatchProcessor:
         records = await self._store.authorize(
             [a for _, a in items],
             source_topic=first.topic() or "",
-            source_partition=first.partition() or 0,
+            source_partitions=[m.partition() or 0 for m, _ in items],
             source_offsets=[m.offset() or 0 for m, _ in items],
         )
         self._faults.reach("after_db_commit")

@@ -95,6 +95,7 @@ async def run_worker(settings: Settings) -> int:
         processor, tracker,
         max_batch=settings.max_batch_size,
         close_timeout=settings.shutdown_timeout_seconds * 0.8,
+        max_in_flight=settings.max_concurrent_batches,
     )
     consumer = ConsumerThread(settings, Handoff(loop, dispatcher), tracker, health)
     consumer.start()

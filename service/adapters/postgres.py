@@ -222,7 +222,7 @@ class PostgresStore:
         new: Sequence[Authorization],
         *,
         source_topic: str,
-        source_partition: int,
+        source_partitions: Sequence[int],
         source_offsets: Sequence[int],
     ) -> list[StoredResult]:
         """Decide and commit a batch of transactions not seen before, in offset order.
@@ -253,7 +253,7 @@ class PostgresStore:
                     [a.correlation_id for a in new],
                     [a.message_id for a in new],
                     [d.delta for d in decisions],
-                    [source_partition] * len(new),
+                    list(source_partitions),
                     list(source_offsets),
                     processed_at,
                     source_topic,

@@ -72,7 +72,7 @@ def test_store_claim_race_lets_exactly_one_replica_win(env) -> None:
                 auth = decode_authorization(encode(auth_message(
                     f"RACE-{uuid.uuid4().hex[:10]}", account_id=account, amount="1.00")))
                 results = await asyncio.gather(
-                    *(s.authorize([auth], source_topic="t", source_partition=p,
+                    *(s.authorize([auth], source_topic="t", source_partitions=[p],
                                   source_offsets=[i]) for p, s in enumerate((a, b))),
                     return_exceptions=True,
                 )
