@@ -1,21 +1,27 @@
-"""One partition's batch, through the commit order. This is the exactly-once argument.
+"""A batch (one or more partitions, offset order within each), through the commit order.
+This is the exactly-once argument.
 
-``BatchProcessor.process(tp, messages)`` runs, for messages in offset order:
+``BatchProcessor.process(messages)``:
 
 1. Decode and validate each message (exact Decimals). Invalid → dead-letter.
-2. Redis fast path, one MGET: a key whose fingerprint matches is a duplicate already decided,
-   committed and published; skip it. A different fingerprint, a miss, or Redis down → step 3.
+2. Redis fast path, one round trip: a transaction whose stored fingerprint matches is a
+   duplicate already decided, committed and published; skip it. A different fingerprint, a
+   miss, or Redis down → step 3.
 3. PostgreSQL: read the dedup records of the rest (duplicates and conflicts), then decide the
    new ones in one transaction (claim, lock accounts, decide, debit/credit, ledger, dedup
    record) and COMMIT. Another replica claiming first → ``ClaimLost`` → back to step 3.
 4. Publish every result event (new decisions, and stored results never confirmed published)
    and every dead-letter record; wait until Kafka acknowledges them all.
-5. Mark the events published in PostgreSQL, then ``SET dedup:{id} fingerprint EX ttl``.
-6. Report the batch finished: only now may the consumer thread store its offset for commit.
+5. Report the batch finished: the consumer thread may now store its offsets for commit.
+6. Hand the published transactions to the ``Confirmations`` flusher, which marks them
+   published in PostgreSQL and only then writes them to the Redis fast path, for many
+   batches at once. Both are optimizations that may be lost (a crash, Redis down): the
+   cost is a harmless republication of the same event_id, never a loss, because neither
+   is written before the COMMIT and the acknowledgement it records.
 
 A crash or error anywhere repeats the batch from step 1 (here, or at the next owner after a
 replay): every step is safe to repeat. Transient failures are retried here with backoff, so
-the partition makes no progress and commits nothing until the dependency is back.
+the batch's partitions make no progress and commit nothing until the dependency is back.
 """
 
 from __future__ import annotations
@@ -120,6 +126,7 @@ class BatchProcessor:
         self._backoff_initial = backoff_initial
         self._backoff_max = backoff_max
         self._unsafe_redis_before_commit = unsafe_redis_before_commit
+        self.confirmations = Confirmations(store, cache, self._faults)
         self.store_ok = True
 
     async def process(self, msgs: Sequence[Message]) -> None:
@@ -180,17 +187,8 @@ class BatchProcessor:
         await self._publish(plan)
         self._faults.reach("after_publish")
 
-        # 5. confirm publication, then (only now) the Redis fast path
-        if plan.events:
-            try:
-                await self._store.mark_published(list(plan.events))
-            except (TransientError, DataRejected) as exc:
-                # Harmless: a later duplicate republishes the same event_id once more.
-                log.warning("mark_published_failed", error=str(exc)[:300])
-        if plan.cache:
-            await self._cache.set_many(plan.cache)
-            metrics.redis_up.set(1 if self._cache.up else 0)
-        self._faults.reach("after_redis_set")
+        # 6. (off the critical path) confirm publication, then the Redis fast path
+        self.confirmations.add(list(plan.events), plan.cache)
         return plan
 
     async def _decide(self, items: list[tuple[Message, Authorization]], plan: _Plan) -> None:
@@ -320,6 +318,47 @@ class BatchProcessor:
         reasons = Counter(reason.value for _msg, reason, _detail in plan.dead_letters)
         for reason, count in reasons.items():
             metrics.dead_letters_total.labels(reason).inc(count)
+
+
+class Confirmations:
+    """Marks published transactions in PostgreSQL, then remembers them in Redis, many
+    batches at a time (one UPDATE and one Redis round trip per flush)."""
+
+    def __init__(self, store: Store, cache: Cache, faults: FaultInjector) -> None:
+        self._store = store
+        self._cache = cache
+        self._faults = faults
+        self._published: list[str] = []
+        self._fingerprints: dict[str, str] = {}
+        self._wakeup = asyncio.Event()
+
+    def add(self, published: list[str], fingerprints: dict[str, str]) -> None:
+        self._published += published
+        self._fingerprints.update(fingerprints)
+        if published or fingerprints:
+            self._wakeup.set()
+
+    async def flush(self) -> None:
+        published, self._published = self._published, []
+        fingerprints, self._fingerprints = self._fingerprints, {}
+        if published:
+            try:
+                await self._store.mark_published(published)
+            except (TransientError, DataRejected) as exc:
+                # Harmless: a later duplicate republishes the same event_id once more.
+                log.warning("mark_published_failed", error=str(exc)[:300])
+        if fingerprints:
+            await self._cache.set_many(fingerprints)
+            metrics.redis_up.set(1 if self._cache.up else 0)
+            self._faults.reach("after_redis_set")
+
+    async def run(self, interval: float = 0.05) -> None:
+        """Flush whenever there is something, at most every ``interval`` seconds."""
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            await self.flush()
+            await asyncio.sleep(interval)
 
 
 def _cause(exc: TransientError) -> str:

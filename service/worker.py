@@ -100,6 +100,7 @@ async def run_worker(settings: Settings) -> int:
     consumer = ConsumerThread(settings, Handoff(loop, dispatcher), tracker, health)
     consumer.start()
     background = [
+        asyncio.create_task(processor.confirmations.run()),
         asyncio.create_task(_heartbeat(health, processor, store, cache)),
         asyncio.create_task(_count_dedup_records(store)),
     ]
@@ -131,6 +132,7 @@ async def run_worker(settings: Settings) -> int:
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
+        await processor.confirmations.flush()
         await cache.close()
         await store.close()
         http.shutdown()

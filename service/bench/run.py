@@ -155,6 +155,10 @@ class Bench:
             "PAYAUTH_LOG_LEVEL": self.log_level, "PAYAUTH_COMMIT_INTERVAL_MS": "200",
             "PAYAUTH_PURGE_INTERVAL_SECONDS": "0",
         })
+        # Worker settings to try, e.g. BENCH_WORKER_ENV="PAYAUTH_MAX_BATCH_SIZE=1000".
+        for pair in os.environ.get("BENCH_WORKER_ENV", "").split():
+            name, _, value = pair.partition("=")
+            env[name] = value
         return WorkerProcess(env, self.out.parent / f"logs-{self.run}" / f"{name}.log").start()
 
     def committed_total(self, group: str, topic: str) -> int:
@@ -313,7 +317,11 @@ class Bench:
                                  "auto.offset.reset": "earliest", "fetch.wait.max.ms": 5})
             consumer.subscribe([topic + ".out"])
             while not stop.is_set() or len(latencies) < len(sent):
-                for msg in consumer.consume(1000, timeout=0.2):
+                # poll() returns on the first event; consume() would wait out its timeout
+                # to fill a batch and add that wait to every latency measured.
+                first = consumer.poll(0.2)
+                batch = [first, *consumer.consume(1000, timeout=0)] if first else []
+                for msg in batch:
                     if msg.error() is None:
                         txn = json.loads(msg.value() or b"{}").get("transaction_id")
                         if txn in sent:

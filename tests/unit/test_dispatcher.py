@@ -50,9 +50,8 @@ async def test_order_per_partition_no_overlap_and_offsets() -> None:
         for p in range(4):
             dispatcher.submit(("t", p), [Msg(p, chunk * 3 + i) for i in range(3)])
         await asyncio.sleep(0.001)
-    await dispatcher.drain()  # closes only after the batches in flight; wait for the rest
-    while recorder.running:
-        await asyncio.sleep(0.01)
+    await dispatcher.drain()  # returns once the batches in flight have finished
+    assert not recorder.running
     seen: dict[int, list[int]] = {}
     for batch in recorder.batches:
         for m in batch:

@@ -116,8 +116,11 @@ def msgs(*messages: dict[str, object] | bytes) -> list[Msg]:
 
 async def test_cache_is_written_only_after_commit_and_publish() -> None:
     store, cache, sender = Store(), Cache(), Sender()
-    await processor(store, cache, sender).process(msgs(auth_message("T1")))
+    p = processor(store, cache, sender)
+    await p.process(msgs(auth_message("T1")))
     assert store.commits == 1 and [t for t, _ in sender.sent] == ["out"]
+    assert cache.data == {} and store.published == [], "confirmed later, never before"
+    await p.confirmations.flush()
     assert set(cache.data) == {"T1"} and store.published == ["T1"]
 
 
@@ -125,6 +128,7 @@ async def test_a_redis_hit_with_another_fingerprint_is_a_conflict_not_a_duplicat
     store, cache, sender = Store(), Cache(), Sender()
     p = processor(store, cache, sender)
     await p.process(msgs(auth_message("T1", amount="10.00")))
+    await p.confirmations.flush()
     await p.process(msgs(auth_message("T1", amount="99.00")))
     assert [t for t, _ in sender.sent] == ["out", "dlq"]
     assert store.commits == 1
@@ -133,7 +137,9 @@ async def test_a_redis_hit_with_another_fingerprint_is_a_conflict_not_a_duplicat
 async def test_transient_failures_are_retried_until_they_pass() -> None:
     store = Store(failures=[StoreUnavailable("down"), ClaimLost("lost")])
     cache, sender = Cache(), Sender(fail_next=1)
-    await processor(store, cache, sender).process(msgs(auth_message("T1")))
+    p = processor(store, cache, sender)
+    await p.process(msgs(auth_message("T1")))
+    await p.confirmations.flush()
     assert store.commits == 1
     # The failed publish was repeated from the stored, unconfirmed result.
     assert [t for t, _ in sender.sent] == ["out"] and "T1" in cache.data
@@ -158,6 +164,7 @@ async def test_stored_duplicate_republishes_only_if_never_confirmed(published: b
     store, cache, sender = Store(), Cache(), Sender()
     p = processor(store, cache, sender)
     await p.process(msgs(auth_message("T1")))
+    await p.confirmations.flush()
     if not published:
         r = store.records["T1"]
         store.records["T1"] = StoredResult(*[getattr(r, f) for f in r.__slots__][:-1], False)
