@@ -63,11 +63,11 @@ class Settings(BaseSettings):
     purge_interval_seconds: int = Field(default=3_600, ge=0)
 
     # --- Processing
-    max_batch_size: int = Field(default=500, ge=1, le=10_000)
+    max_batch_size: int = Field(default=1_000, ge=1, le=10_000)
     max_in_flight_per_partition: int = Field(default=5_000, ge=1)
     # Batches in flight at once (each on its own partitions): overlaps one batch's waits on
     # PostgreSQL and Kafka with the next one's work.
-    max_concurrent_batches: int = Field(default=2, ge=1, le=16)
+    max_concurrent_batches: int = Field(default=3, ge=1, le=16)
     max_message_bytes: int = Field(default=65_536, ge=1_024)
     commit_interval_ms: int = Field(default=1_000, ge=100)
     delivery_timeout_ms: int = Field(default=30_000, ge=1_000)
