@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer
 
+from service.adapters.kafka import client_config, group_lag
 from service.config import Settings
 from service.processes import WorkerProcess
 from service.topics import ensure_topics
@@ -205,20 +206,8 @@ def produce(settings: Settings, records: list[tuple[str, bytes, int | None]]) ->
 
 
 def lag(settings: Settings) -> int:
-    consumer = Consumer({"bootstrap.servers": settings.kafka_bootstrap_servers,
-                         "group.id": settings.group_id, "enable.auto.commit": False})
-    try:
-        topic = consumer.list_topics(settings.input_topic, timeout=10).topics[settings.input_topic]
-        tps = [TopicPartition(settings.input_topic, p) for p in topic.partitions]
-        committed = {tp.partition: tp.offset for tp in consumer.committed(tps, timeout=10)}
-        total = 0
-        for tp in tps:
-            low, high = consumer.get_watermark_offsets(tp, timeout=10)
-            position = committed.get(tp.partition, -1)
-            total += high - (position if position >= 0 else low)
-        return total
-    finally:
-        consumer.close()
+    return sum(group_lag(client_config(settings), settings.group_id,
+                         settings.input_topic).values())
 
 
 def wait_for_zero_lag(settings: Settings, timeout: float) -> None:

@@ -188,6 +188,24 @@ class _BatchAck:
             self.future.set_result(None)
 
 
+def group_lag(conf: dict[str, Any], group: str, topic: str) -> dict[int, int]:
+    """Messages not yet committed by ``group``, per partition of ``topic`` (a partition the
+    group never committed counts from its first message)."""
+    consumer = Consumer({**conf, "group.id": group, "enable.auto.commit": False})
+    try:
+        meta = consumer.list_topics(topic, timeout=15).topics[topic]
+        tps = [TopicPartition(topic, p) for p in meta.partitions]
+        committed = {tp.partition: tp.offset for tp in consumer.committed(tps, timeout=15)}
+        lag = {}
+        for tp in tps:
+            low, high = consumer.get_watermark_offsets(tp, timeout=15)
+            position = committed[tp.partition]
+            lag[tp.partition] = max(0, high - (position if position >= 0 else low))
+        return lag
+    finally:
+        consumer.close()
+
+
 class Publisher:
     """Produce and await the broker's acknowledgements from asyncio."""
 

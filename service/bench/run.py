@@ -35,18 +35,17 @@ from typing import Any, cast
 
 import asyncpg
 import redis
-from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import Consumer, Producer
 from pydantic import SecretStr
 
+from service import scratch
 from service.adapters import postgres as sql
+from service.adapters.kafka import group_lag
 from service.bench.naive import run_naive
 from service.config import Settings, load_settings
 from service.demo import authorization_message
-from service.migrate import migrate
 from service.processes import ROOT, WorkerProcess
 from service.replay import build_plan, execute
-from service.topics import NewTopic
 from service.verify import report, verify
 
 PARTITIONS = 12
@@ -81,10 +80,8 @@ class Bench:
         self.out = out
         self.log_level = log_level
         self.run = uuid.uuid4().hex[:6]
-        base = settings.database_url.get_secret_value().rsplit("/", 1)[0]
-        self.admin_dsn = base + "/postgres"
         self.database = f"payauth_bench_{self.run}"
-        self.dsn = f"{base}/{self.database}"
+        self.dsn = scratch.admin_dsn(settings.database_url.get_secret_value(), self.database)
         self.bootstrap = settings.kafka_bootstrap_servers
         self.redis_url = settings.redis_url.get_secret_value()
         self.rng = random.Random(42)
@@ -96,21 +93,12 @@ class Bench:
         """An input topic with its output and dead-letter topics."""
         full = f"bench.{self.run}.{name}"
         names = [full, full + ".out", full + ".dlq"]
-        admin = AdminClient({"bootstrap.servers": self.bootstrap})
-        for future in admin.create_topics([NewTopic(n, num_partitions=PARTITIONS,
-                                                    replication_factor=1)
-                                           for n in names]).values():
-            future.result()
+        scratch.create_topics(self.bootstrap, {n: PARTITIONS for n in names})
         self.topics += names
         return full
 
     async def prepare_db(self) -> None:
-        conn = await asyncpg.connect(self.admin_dsn)
-        try:
-            await conn.execute(f'CREATE DATABASE "{self.database}"')
-        finally:
-            await conn.close()
-        await migrate(self.dsn)
+        await scratch.create_database(self.dsn, self.database)
         conn = await asyncpg.connect(self.dsn)
         try:
             await conn.copy_records_to_table(
@@ -161,13 +149,8 @@ class Bench:
             env[name] = value
         return WorkerProcess(env, self.out.parent / f"logs-{self.run}" / f"{name}.log").start()
 
-    def committed_total(self, group: str, topic: str) -> int:
-        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": group})
-        try:
-            tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
-            return sum(max(tp.offset, 0) for tp in consumer.committed(tps, timeout=10))
-        finally:
-            consumer.close()
+    def uncommitted(self, group: str, topic: str) -> int:
+        return sum(group_lag({"bootstrap.servers": self.bootstrap}, group, topic).values())
 
     def throughput(self, worker: WorkerProcess, group: str, topic: str, total: int,
                    timeout: float = 900) -> float:
@@ -187,7 +170,7 @@ class Bench:
                 if fraction not in marks and done >= fraction * total:
                     marks[fraction] = now
             time.sleep(0.1)
-        while self.committed_total(group, topic) < total:
+        while self.uncommitted(group, topic):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{topic}: not committed in {timeout} s")
             time.sleep(0.1)
@@ -405,21 +388,8 @@ class Bench:
         return 0 if ok else 1
 
     def cleanup(self) -> None:
-        admin = AdminClient({"bootstrap.servers": self.bootstrap})
-        for future in admin.delete_topics(self.topics).values():
-            try:
-                future.result()
-            except Exception:
-                continue
-
-        async def drop() -> None:
-            conn = await asyncpg.connect(self.admin_dsn)
-            try:
-                await conn.execute(f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)')
-            finally:
-                await conn.close()
-
-        asyncio.run(drop())
+        scratch.delete_topics(self.bootstrap, self.topics)
+        asyncio.run(scratch.drop_database(self.dsn, self.database))
 
 
 TARGETS = {

@@ -20,9 +20,8 @@ from typing import Any
 
 import asyncpg
 import redis
-from confluent_kafka import Consumer, TopicPartition
 
-from service.adapters.kafka import client_config, read_snapshot
+from service.adapters.kafka import client_config, group_lag, read_snapshot
 from service.adapters.redis_cache import BUCKET_PREFIX
 from service.config import Settings
 from service.verify import verify
@@ -70,19 +69,6 @@ def read_all(settings: Settings, topic: str) -> list[Any]:
                          topic)
 
 
-def committed_and_end(settings: Settings) -> tuple[dict[int, int], dict[int, int]]:
-    consumer = Consumer({"bootstrap.servers": settings.kafka_bootstrap_servers,
-                         "group.id": settings.group_id, "enable.auto.commit": False})
-    try:
-        meta = consumer.list_topics(settings.input_topic, timeout=15).topics[settings.input_topic]
-        tps = [TopicPartition(settings.input_topic, p) for p in meta.partitions]
-        committed = {tp.partition: tp.offset for tp in consumer.committed(tps, timeout=15)}
-        ends = {tp.partition: consumer.get_watermark_offsets(tp, timeout=15)[1] for tp in tps}
-        return committed, ends
-    finally:
-        consumer.close()
-
-
 async def _database(dsn: str, txns: list[str]) -> dict[str, Any]:
     conn = await asyncpg.connect(dsn)
     try:
@@ -114,10 +100,10 @@ def check(settings: Settings, log_path: Path, *, redis_prefix: str | None = None
 
     # --- the consumer group reached the end
     lag = Finding("lag is zero (every offset committed)")
-    committed, ends = committed_and_end(settings)
-    for p, end in ends.items():
-        if end and committed.get(p, -1) < end:
-            lag.violations.append(f"partition {p}: committed {committed.get(p)} < end {end}")
+    for p, behind in group_lag(client_config(settings), settings.group_id,
+                               settings.input_topic).items():
+        if behind:
+            lag.violations.append(f"partition {p}: {behind} message(s) not committed")
     findings.append(lag)
 
     # --- DLQ records: reason and source

@@ -28,18 +28,16 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-import asyncpg
 import redis
-from confluent_kafka.admin import AdminClient
 from pydantic import SecretStr
 
-from service.chaos.checker import check, committed_and_end
+from service import scratch
+from service.adapters.kafka import client_config, group_lag
+from service.chaos.checker import check
 from service.chaos.generator import LoadGenerator, seed_accounts
 from service.chaos.proxy import TcpProxy
 from service.config import Settings, load_settings
-from service.migrate import migrate
 from service.processes import ROOT, WorkerProcess
-from service.topics import NewTopic
 
 STACK = ROOT / "deploy/local/stack.sh"
 PARTITIONS = 12
@@ -174,10 +172,8 @@ class Chaos:
         self.faults: Counter[str] = Counter()
         self.errors: list[str] = []
         self.stop_faults = threading.Event()
-        admin_dsn = settings.database_url.get_secret_value().rsplit("/", 1)[0]
         self.database = f"payauth_chaos_{self.run}"
-        self.admin_dsn = admin_dsn + "/postgres"
-        self.dsn = f"{admin_dsn}/{self.database}"
+        self.dsn = scratch.admin_dsn(settings.database_url.get_secret_value(), self.database)
         self.topics = {n: f"chaos.{self.run}.{n}" for n in ("in", "out", "dlq")}
         self.group = f"chaos-{self.run}"
         self.pg_ours = _pg_is_ours()
@@ -185,22 +181,10 @@ class Chaos:
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
-        async def create_db() -> None:
-            conn = await asyncpg.connect(self.admin_dsn)
-            try:
-                await conn.execute(f'CREATE DATABASE "{self.database}"')
-            finally:
-                await conn.close()
-            await migrate(self.dsn)
-
-        asyncio.run(create_db())
-        admin = AdminClient({"bootstrap.servers": self.settings.kafka_bootstrap_servers})
-        for future in admin.create_topics([
-            NewTopic(self.topics["in"], num_partitions=PARTITIONS, replication_factor=1),
-            NewTopic(self.topics["out"], num_partitions=PARTITIONS, replication_factor=1),
-            NewTopic(self.topics["dlq"], num_partitions=3, replication_factor=1),
-        ]).values():
-            future.result()
+        asyncio.run(scratch.create_database(self.dsn, self.database))
+        scratch.create_topics(self.settings.kafka_bootstrap_servers, {
+            self.topics["in"]: PARTITIONS, self.topics["out"]: PARTITIONS,
+            self.topics["dlq"]: 3})
         self.redis = RedisServer(self.out)
         self.redis.start()
         pg_port = int(self.dsn.split("://", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
@@ -422,9 +406,8 @@ class Chaos:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                committed, ends = committed_and_end(self.worker_settings)
-                remaining = sum(max(0, e - max(committed.get(p, 0), 0))
-                                for p, e in ends.items())
+                remaining = sum(group_lag(client_config(self.worker_settings), self.group,
+                                          self.topics["in"]).values())
                 if remaining == 0:
                     log("lag is zero")
                     return True
@@ -464,19 +447,8 @@ class Chaos:
         if keep:
             log(f"kept database {self.database} and topics chaos.{self.run}.* for inspection")
             return
-        admin = AdminClient({"bootstrap.servers": self.settings.kafka_bootstrap_servers})
-        for future in admin.delete_topics(list(self.topics.values())).values():
-            with contextlib.suppress(Exception):  # best effort: it is only clean-up
-                future.result()
-
-        async def drop() -> None:
-            conn = await asyncpg.connect(self.admin_dsn)
-            try:
-                await conn.execute(f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)')
-            finally:
-                await conn.close()
-
-        asyncio.run(drop())
+        scratch.delete_topics(self.settings.kafka_bootstrap_servers, list(self.topics.values()))
+        asyncio.run(scratch.drop_database(self.dsn, self.database))
 
 
 def _stack(command: str) -> None:

@@ -10,7 +10,6 @@ import uuid
 from collections import Counter
 from decimal import Decimal
 
-import asyncpg
 import pytest
 
 from service.adapters.postgres import ClaimLost, PostgresStore
@@ -26,16 +25,8 @@ def run(coro):  # type: ignore[no-untyped-def]
     return asyncio.run(coro)
 
 
-async def _fetch(dsn: str, sql: str, *args: object) -> list[asyncpg.Record]:
-    conn = await asyncpg.connect(dsn)
-    try:
-        return await conn.fetch(sql, *args)
-    finally:
-        await conn.close()
 
 
-def fetch(dsn: str, sql: str, *args: object) -> list[asyncpg.Record]:
-    return run(_fetch(dsn, sql, *args))
 
 
 def assert_invariants(dsn: str) -> None:
@@ -50,7 +41,7 @@ def seed(env: stack.Env, n: int, balance: str = "1000000.00") -> list[str]:
 
 
 def one_ledger_entry_each(dsn: str, txn_ids: set[str]) -> None:
-    rows = fetch(dsn, "SELECT txn_id, count(*) AS n FROM ledger_entries GROUP BY txn_id")
+    rows = stack.fetch(dsn, "SELECT txn_id, count(*) AS n FROM ledger_entries GROUP BY txn_id")
     counts = {r["txn_id"]: r["n"] for r in rows}
     assert set(counts) == txn_ids, f"missing {len(txn_ids - set(counts))}, " \
                                    f"extra {len(set(counts) - txn_ids)}"
@@ -86,7 +77,7 @@ def test_store_claim_race_lets_exactly_one_replica_win(env) -> None:
 
     outcomes = run(race())
     assert outcomes == Counter({f"{ClaimLost.__name__},won": 200}), outcomes
-    rows = fetch(env.dsn, "SELECT count(*) AS n, sum(amount) AS total FROM ledger_entries")
+    rows = stack.fetch(env.dsn, "SELECT count(*) AS n, sum(amount) AS total FROM ledger_entries")
     assert rows[0]["n"] == 200 and rows[0]["total"] == Decimal("-200.00")
     assert_invariants(env.dsn)
 
@@ -139,7 +130,7 @@ def test_kill_between_commit_points(env, spawn_worker, point: str) -> None:
     doomed = spawn_worker(env, "doomed", PAYAUTH_FAULT_POINT=point)
     assert doomed.wait_exit(60) == -signal.SIGKILL
     assert doomed.events("fault_injected"), doomed.raw_log()[-2000:]
-    committed_before = fetch(env.dsn, "SELECT count(*) AS n FROM ledger_entries")[0]["n"]
+    committed_before = stack.fetch(env.dsn, "SELECT count(*) AS n FROM ledger_entries")[0]["n"]
     assert committed_before > 0, "the kill came after a COMMIT"
 
     replacement = spawn_worker(env, "replacement")
@@ -255,7 +246,7 @@ def test_sigterm_finishes_work_commits_and_exits_zero(env, spawn_worker) -> None
                > 0, 60, "work to start")
     assert worker.terminate() == 0
     assert worker.events("consumer_closed")
-    processed = fetch(env.dsn, "SELECT source_partition AS p, max(source_offset) AS o "
+    processed = stack.fetch(env.dsn, "SELECT source_partition AS p, max(source_offset) AS o "
                                "FROM processed_transactions GROUP BY 1")
     committed = stack.committed_offsets(env.group_id, env.input_topic, env.partitions)
     for row in processed:

@@ -11,8 +11,6 @@ import time
 import uuid
 from decimal import Decimal
 
-import asyncpg
-
 from tests.support import stack
 from tests.support.factory import auth_message, encode
 from tests.support.workers import wait_caught_up, wait_until
@@ -26,20 +24,12 @@ def payauth(env: stack.Env, *args: str, **overrides: str) -> subprocess.Complete
                           timeout=120)
 
 
-async def _fetch(dsn: str, sql: str, *args: object) -> list[asyncpg.Record]:
-    conn = await asyncpg.connect(dsn)
-    try:
-        return await conn.fetch(sql, *args)
-    finally:
-        await conn.close()
 
 
-def fetch(dsn: str, sql: str, *args: object) -> list[asyncpg.Record]:
-    return asyncio.run(_fetch(dsn, sql, *args))
 
 
 def balances(dsn: str) -> dict[str, Decimal]:
-    return {r["account_id"]: r["balance"] for r in fetch(dsn, "SELECT * FROM accounts")}
+    return {r["account_id"]: r["balance"] for r in stack.fetch(dsn, "SELECT * FROM accounts")}
 
 
 def setup_bug(env: stack.Env, spawn_worker):  # type: ignore[no-untyped-def]
@@ -103,7 +93,7 @@ def test_replay_after_a_fix_processes_the_dead_lettered_message_once(env, spawn_
     assert after[big_account] == before[big_account] - Decimal("100.00")
     assert {a: b for a, b in after.items() if a != big_account} == \
         {a: b for a, b in before.items() if a != big_account}
-    ledger = fetch(env.dsn, "SELECT txn_id FROM ledger_entries")
+    ledger = stack.fetch(env.dsn, "SELECT txn_id FROM ledger_entries")
     assert sorted(r["txn_id"] for r in ledger) == sorted([*txns, big_txn])
     assert fixed.terminate() == 0
 
@@ -162,14 +152,14 @@ def test_dlq_redrive_after_a_fix(env, spawn_worker) -> None:
     redriven = [r for r in stack.read_topic(env.input_topic)
                 if any(k == "redrive.source" for k, _ in (r.headers() or []))]
     assert len(redriven) == 1 and redriven[0].key() == big_account.encode()
-    ledger = fetch(env.dsn, "SELECT txn_id FROM ledger_entries")
+    ledger = stack.fetch(env.dsn, "SELECT txn_id FROM ledger_entries")
     assert sorted(r["txn_id"] for r in ledger) == sorted([*txns, big_txn])
     # Redriving again is harmless: a duplicate.
     assert payauth(env, "dlq", "redrive", "--reason", "TOO_LARGE", "--execute").returncode == 0
     wait_caught_up(env.group_id, env.input_topic, env.partitions)
     wait_until(lambda: fixed.metrics()['payauth_messages_total{outcome="duplicate"}'] >= 1, 30,
                "the second redrive to be a duplicate")
-    assert len(fetch(env.dsn, "SELECT 1 FROM ledger_entries")) == len(txns) + 1
+    assert len(stack.fetch(env.dsn, "SELECT 1 FROM ledger_entries")) == len(txns) + 1
     assert fixed.terminate() == 0
 
 
@@ -181,13 +171,13 @@ def test_purge_keeps_the_window_and_the_ledger_still_guards(env, spawn_worker) -
     stack.produce(env.input_topic, [(account, encode(m)) for m in messages.values()])
     worker = spawn_worker(env, PAYAUTH_REDIS_URL="redis://127.0.0.1:1/0")  # no fast path
     wait_caught_up(env.group_id, env.input_topic, env.partitions)
-    fetch(env.dsn, "UPDATE processed_transactions SET processed_at = now() - interval '100 hours'"
-                   " WHERE txn_id = $1", old)
+    stack.fetch(env.dsn, "UPDATE processed_transactions "
+                         "SET processed_at = now() - interval '100 hours' WHERE txn_id = $1", old)
 
     result = payauth(env, "purge", "--batch-size", "1")
     assert result.returncode == 0, result.stderr
     assert "deleted 1 dedup record(s) older than 72 h" in result.stdout
-    kept = [r["txn_id"] for r in fetch(env.dsn, "SELECT txn_id FROM processed_transactions")]
+    kept = [r["txn_id"] for r in stack.fetch(env.dsn, "SELECT txn_id FROM processed_transactions")]
     assert kept == [new]
 
     # The old transaction is redelivered after its dedup record is gone: the ledger's unique
@@ -196,5 +186,5 @@ def test_purge_keeps_the_window_and_the_ledger_still_guards(env, spawn_worker) -
     wait_caught_up(env.group_id, env.input_topic, env.partitions)
     wait_until(lambda: worker.metrics()['payauth_duplicates_total{layer="postgres"}'] == 1, 30,
                "the redelivery to be a duplicate")
-    assert fetch(env.dsn, "SELECT balance FROM accounts")[0]["balance"] == Decimal("80.00")
+    assert stack.fetch(env.dsn, "SELECT balance FROM accounts")[0]["balance"] == Decimal("80.00")
     assert worker.terminate() == 0

@@ -7,8 +7,6 @@ import asyncio
 import uuid
 from decimal import Decimal
 
-import asyncpg
-
 from service.adapters.redis_cache import RedisDedupCache
 from tests.support import stack
 from tests.support.factory import auth_message, encode
@@ -20,16 +18,8 @@ def _ids(prefix: str, *names: str) -> dict[str, str]:
     return {n: f"{prefix}-{run}-{n}" for n in names}
 
 
-async def _query(dsn: str, sql: str, *args: object) -> list[asyncpg.Record]:
-    conn = await asyncpg.connect(dsn)
-    try:
-        return await conn.fetch(sql, *args)
-    finally:
-        await conn.close()
 
 
-def query(dsn: str, sql: str, *args: object) -> list[asyncpg.Record]:
-    return asyncio.run(_query(dsn, sql, *args))
 
 
 async def forget_cached(url: str, txn_id: str) -> None:
@@ -74,12 +64,12 @@ def test_decisions_duplicates_conflicts_and_declines(env, spawn_worker) -> None:
     assert m['payauth_dead_letters_total{reason="INVALID_JSON"}'] == 2
     assert m['payauth_dead_letters_total{reason="IDEMPOTENCY_KEY_CONFLICT"}'] == 1
 
-    ledger = query(env.dsn, "SELECT txn_id, amount FROM ledger_entries")
+    ledger = stack.fetch(env.dsn, "SELECT txn_id, amount FROM ledger_entries")
     assert [(r["txn_id"], r["amount"]) for r in ledger] == [(t["ok"], Decimal("-125.50"))]
-    balance = query(env.dsn, "SELECT balance FROM accounts WHERE account_id = $1", acc["eur"])
+    balance = stack.fetch(env.dsn, "SELECT balance FROM accounts WHERE account_id = $1", acc["eur"])
     assert balance[0]["balance"] == Decimal("874.50")
-    results = {r["txn_id"]: (r["result"], r["decline_reason"]) for r in
-               query(env.dsn, "SELECT txn_id, result, decline_reason FROM processed_transactions")}
+    rows = stack.fetch(env.dsn, "SELECT txn_id, result, decline_reason FROM processed_transactions")
+    results = {r["txn_id"]: (r["result"], r["decline_reason"]) for r in rows}
     assert results == {
         t["ok"]: ("APPROVED", None),
         t["poor"]: ("DECLINED", "INSUFFICIENT_FUNDS"),
@@ -123,7 +113,7 @@ def test_decisions_duplicates_conflicts_and_declines(env, spawn_worker) -> None:
     wait_caught_up(env.group_id, env.input_topic, env.partitions)
     wait_until(lambda: worker.metrics()['payauth_duplicates_total{layer="redis"}'] == 1, 10,
                "the Redis layer to count the redelivery")
-    assert len(query(env.dsn, "SELECT 1 FROM ledger_entries")) == 1
+    assert len(stack.fetch(env.dsn, "SELECT 1 FROM ledger_entries")) == 1
     assert worker.terminate() == 0
 
 
@@ -140,10 +130,10 @@ def test_a_redelivered_decline_is_answered_identically(env, spawn_worker) -> Non
     first = stack.events_of(stack.read_topic(env.output_topic, expect=1))
 
     # Simulate the crash window: the event's confirmation and the Redis key are lost.
-    query(env.dsn, "UPDATE processed_transactions SET published_at = NULL")
+    stack.fetch(env.dsn, "UPDATE processed_transactions SET published_at = NULL")
     asyncio.run(forget_cached(env.redis_url, t["poor"]))
     # Meanwhile money arrived: a fresh decision would approve. The stored one must win.
-    query(env.dsn, "UPDATE accounts SET balance = 100, opening_balance = 100")
+    stack.fetch(env.dsn, "UPDATE accounts SET balance = 100, opening_balance = 100")
     stack.produce(env.input_topic, [(acc["a"], encode(msg))])
     wait_caught_up(env.group_id, env.input_topic, env.partitions)
 
@@ -151,6 +141,6 @@ def test_a_redelivered_decline_is_answered_identically(env, spawn_worker) -> Non
     assert len(events) == 2
     assert events[1] == first[0], "the repeat is the same event, same event_id"
     assert events[1]["result"] == "DECLINED"
-    assert query(env.dsn, "SELECT 1 FROM ledger_entries") == []
+    assert stack.fetch(env.dsn, "SELECT 1 FROM ledger_entries") == []
     assert worker.metrics()['payauth_events_published_total{kind="republish"}'] == 1
     assert worker.terminate() == 0

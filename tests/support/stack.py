@@ -232,6 +232,20 @@ def end_offsets(topic: str, partitions: int) -> dict[int, int]:
         consumer.close()
 
 
+def fetch(dsn: str, sql: str, *args: object) -> list[asyncpg.Record]:
+    """Run one query on its own connection (from synchronous test code)."""
+    import asyncio
+
+    async def go() -> list[asyncpg.Record]:
+        conn = await asyncpg.connect(dsn)
+        try:
+            return await conn.fetch(sql, *args)
+        finally:
+            await conn.close()
+
+    return asyncio.run(go())
+
+
 async def seed_accounts(dsn: str, accounts: Iterable[tuple[str, Decimal | str, str]],
                         status: str = "ACTIVE") -> None:
     conn = await asyncpg.connect(dsn)

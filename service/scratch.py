@@ -1,0 +1,52 @@
+"""Throw-away databases and topics for the tools that need a world of their own (the
+benchmark, the chaos run): created from the migrations, dropped afterwards."""
+
+from __future__ import annotations
+
+import contextlib
+
+import asyncpg
+from confluent_kafka.admin import AdminClient
+
+from service.migrate import migrate
+from service.topics import NewTopic
+
+
+def admin_dsn(dsn: str, database: str = "postgres") -> str:
+    """The same server, another database (to create or drop ``dsn``'s siblings)."""
+    return dsn.rsplit("/", 1)[0] + "/" + database
+
+
+async def create_database(dsn: str, name: str) -> str:
+    """Create database ``name`` on ``dsn``'s server, migrate it, return its DSN."""
+    conn = await asyncpg.connect(admin_dsn(dsn))
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    target = admin_dsn(dsn, name)
+    await migrate(target)
+    return target
+
+
+async def drop_database(dsn: str, name: str) -> None:
+    conn = await asyncpg.connect(admin_dsn(dsn))
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+def create_topics(bootstrap: str, partitions: dict[str, int]) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics([NewTopic(name, num_partitions=count, replication_factor=1)
+                                   for name, count in partitions.items()])
+    for future in futures.values():
+        future.result()
+
+
+def delete_topics(bootstrap: str, names: list[str]) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.delete_topics(names).values():
+        with contextlib.suppress(Exception):  # best effort: it is only clean-up
+            future.result()
