@@ -48,7 +48,8 @@ class Dispatcher:
         self._max_in_flight = max_in_flight
         self._pending: dict[TP, deque[Any]] = {}
         self._busy: set[TP] = set()  # partitions with a batch in flight
-        self._batches: dict[asyncio.Task[None], list[TP]] = {}
+        # Each batch in flight: its partitions and its messages (to put back if cancelled).
+        self._batches: dict[asyncio.Task[None], tuple[list[TP], list[Any]]] = {}
         self._closed = False
         self._failure: BaseException | None = None
         self._rotation = 0  # which partition goes first, so no partition starves
@@ -63,22 +64,40 @@ class Dispatcher:
 
     async def revoke(self, tps: list[TP], *, lost: bool) -> None:
         """Forget what waits on these partitions; let batches touching them finish (bounded:
-        a batch still retrying is cancelled, and the next owner replays it, safely)."""
+        a batch still retrying is cancelled, and the next owner replays its messages on these
+        partitions, safely, since no offset of the batch was stored)."""
+        revoked = set(tps)
         for tp in tps:
             self._pending.pop(tp, None)
-        touching = [t for t, parts in self._batches.items() if set(parts) & set(tps)]
+        touching = {t: b for t, b in self._batches.items() if set(b[0]) & revoked}
         if not touching:
             return
         timeout = 1.0 if lost else self._close_timeout
-        done, stuck = await asyncio.wait([asyncio.shield(t) for t in touching], timeout=timeout)
-        del done
-        if stuck:
-            log.warning("revoke_cancelling_batches", partitions=[p for _, p in tps])
-            for task in touching:
-                task.cancel()
-            for task in touching:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+        _, stuck = await asyncio.wait([asyncio.shield(t) for t in touching], timeout=timeout)
+        if not stuck:
+            return
+        log.warning("revoke_cancelling_batches", partitions=sorted(p for _, p in tps))
+        for task in touching:
+            task.cancel()
+        for task in touching:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        # A cancelled batch may also hold partitions we keep: their messages go back to the
+        # front of their queues, in order, or the next batch would store an offset past them.
+        for task, (parts, batch) in touching.items():
+            if task not in self._batches:
+                continue  # it finished on its own after all
+            kept: dict[TP, list[Any]] = {}
+            for msg in batch:
+                tp = (msg.topic(), msg.partition())
+                if tp not in revoked:
+                    kept.setdefault(tp, []).append(msg)
+            for tp, msgs in kept.items():
+                self._pending.setdefault(tp, deque()).extendleft(reversed(msgs))
+            self._busy.difference_update(parts)
+            del self._batches[task]
+        if not self._closed:
+            self._start_batches()
 
     async def drain(self) -> None:
         """Shutdown: accept nothing more, finish the batches in flight."""
@@ -96,7 +115,7 @@ class Dispatcher:
             if not batch:
                 return
             task = asyncio.create_task(self._run(batch, parts), name="batch")
-            self._batches[task] = parts
+            self._batches[task] = (parts, batch)
 
     def _take(self) -> tuple[list[Any], list[TP]]:
         ready = [tp for tp, q in self._pending.items() if q and tp not in self._busy]
@@ -119,6 +138,7 @@ class Dispatcher:
 
     async def _run(self, batch: list[Any], parts: list[TP]) -> None:
         task = asyncio.current_task()
+        assert task is not None  # always run as a task (see _start_batches)
         try:
             await self._processor.process(batch)
             last: dict[TP, tuple[int, int]] = {}
@@ -134,8 +154,10 @@ class Dispatcher:
             self._failure = exc
             log.error("batch_failed", error=repr(exc), partitions=[p for _, p in parts])
         finally:
-            self._busy.difference_update(parts)
-            if task is not None:
+            # A batch cancelled by revoke() is cleaned up there, after its messages on the
+            # partitions we keep are back in their queues (no batch may take them before).
+            if not task.cancelling():
+                self._busy.difference_update(parts)
                 self._batches.pop(task, None)
-            if not self._closed:
-                self._start_batches()
+                if not self._closed:
+                    self._start_batches()

@@ -89,3 +89,33 @@ async def test_a_bug_in_processing_is_reported_not_swallowed() -> None:
     dispatcher.submit(("t", 0), [Msg(0, 0)])
     await asyncio.sleep(0.01)
     assert isinstance(dispatcher.failed(), ValueError)
+
+
+async def test_a_cancelled_batch_gives_back_the_partitions_it_keeps() -> None:
+    """Revoking partition 0 while a batch holding partitions 0 and 1 is stuck: the batch is
+    cancelled, partition 1's messages go back to its queue in order and are processed;
+    nothing after them is processed first (or its offset would skip them)."""
+
+    class StuckOnce:
+        def __init__(self) -> None:
+            self.calls = 0
+            self.done: list[Msg] = []
+
+        async def process(self, msgs: Sequence[Msg]) -> None:
+            self.calls += 1
+            if self.calls == 1:
+                await asyncio.sleep(3600)  # e.g. retrying against an unreachable database
+            self.done.extend(msgs)
+
+    processor, tracker = StuckOnce(), OffsetTracker()
+    dispatcher = Dispatcher(processor, tracker, max_batch=100, close_timeout=0.05,
+                            max_in_flight=1)
+    dispatcher.submit(("t", 0), [Msg(0, 0), Msg(0, 1)])
+    dispatcher.submit(("t", 1), [Msg(1, 0), Msg(1, 1)])
+    await asyncio.sleep(0.01)  # the first batch (both partitions) is stuck
+    dispatcher.submit(("t", 1), [Msg(1, 2)])
+    await dispatcher.revoke([("t", 0)], lost=False)
+    await asyncio.sleep(0.05)
+    assert [(m.p, m.off) for m in processor.done] == [(1, 0), (1, 1), (1, 2)]
+    nexts, _ = tracker.drain()
+    assert nexts == {("t", 1): 3}
