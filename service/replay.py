@@ -22,7 +22,7 @@ from datetime import UTC, datetime, timedelta
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from service.adapters.kafka import client_config
+from service.adapters.kafka import client_config, committed_offsets
 from service.config import Settings
 
 
@@ -90,7 +90,7 @@ def build_plan(
         if unknown:
             raise ReplayRefused(f"topic {topic} has no partition {sorted(unknown)}")
         tps = [TopicPartition(topic, p) for p in wanted]
-        committed = {tp.partition: tp.offset for tp in consumer.committed(tps, timeout=15)}
+        committed = committed_offsets(consumer, tps)
         watermarks = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
                       for p in wanted}
         if to_datetime is not None:
@@ -185,6 +185,6 @@ def execute(settings: Settings, plans: list[PartitionPlan]) -> dict[int, int]:
                          "enable.auto.commit": False})
     try:
         tps = [TopicPartition(settings.input_topic, p.partition) for p in plans]
-        return {tp.partition: tp.offset for tp in consumer.committed(tps, timeout=15)}
+        return committed_offsets(consumer, tps)
     finally:
         consumer.close()

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -188,6 +189,20 @@ class _BatchAck:
             self.future.set_result(None)
 
 
+def committed_offsets(consumer: Consumer, tps: list[TopicPartition],
+                      attempts: int = 20) -> dict[int, int]:
+    """The group's committed offsets, retrying what the broker calls retriable (a group
+    coordinator moving or still loading answers NOT_COORDINATOR for a moment)."""
+    for attempt in range(attempts):
+        try:
+            return {tp.partition: tp.offset for tp in consumer.committed(tps, timeout=15)}
+        except KafkaException as exc:
+            if attempt == attempts - 1 or not exc.args[0].retriable():
+                raise
+            time.sleep(0.5)
+    raise AssertionError("unreachable")
+
+
 def group_lag(conf: dict[str, Any], group: str, topic: str) -> dict[int, int]:
     """Messages not yet committed by ``group``, per partition of ``topic`` (a partition the
     group never committed counts from its first message)."""
@@ -195,7 +210,7 @@ def group_lag(conf: dict[str, Any], group: str, topic: str) -> dict[int, int]:
     try:
         meta = consumer.list_topics(topic, timeout=15).topics[topic]
         tps = [TopicPartition(topic, p) for p in meta.partitions]
-        committed = {tp.partition: tp.offset for tp in consumer.committed(tps, timeout=15)}
+        committed = committed_offsets(consumer, tps)
         lag = {}
         for tp in tps:
             low, high = consumer.get_watermark_offsets(tp, timeout=15)

@@ -21,6 +21,8 @@ import asyncpg
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from service.adapters.kafka import committed_offsets as kafka_committed
+
 ROOT = Path(__file__).resolve().parents[2]
 BOOTSTRAP = os.environ.get("PAYAUTH_KAFKA_BOOTSTRAP_SERVERS", "localhost:9092")
 PG_ADMIN_DSN = os.environ.get("PAYAUTH_TEST_ADMIN_DSN", "postgresql://localhost:5432/postgres")
@@ -216,9 +218,7 @@ def committed_offsets(group_id: str, topic: str, partitions: int) -> dict[int, i
     consumer = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": group_id,
                          "enable.auto.commit": False})
     try:
-        got = consumer.committed([TopicPartition(topic, p) for p in range(partitions)],
-                                 timeout=10)
-        return {tp.partition: tp.offset for tp in got}
+        return kafka_committed(consumer, [TopicPartition(topic, p) for p in range(partitions)])
     finally:
         consumer.close()
 

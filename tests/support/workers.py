@@ -6,6 +6,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from confluent_kafka import KafkaException
+
 from service.processes import WorkerProcess as _WorkerProcess
 from service.processes import parse_metrics
 from tests.support.stack import committed_offsets, end_offsets
@@ -33,8 +35,13 @@ class WorkerProcess(_WorkerProcess):
 def wait_caught_up(group_id: str, topic: str, partitions: int, timeout: float = 120) -> None:
     """Until the group's committed offsets reach the end of every partition (lag zero)."""
     def caught_up() -> bool:
-        ends = end_offsets(topic, partitions)
-        committed = committed_offsets(group_id, topic, partitions)
+        try:
+            ends = end_offsets(topic, partitions)
+            committed = committed_offsets(group_id, topic, partitions)
+        except KafkaException as exc:
+            if exc.args[0].retriable():
+                return False  # a coordinator moving or loading: ask again
+            raise
         return all(end == 0 or committed.get(p, -1) >= end for p, end in ends.items())
 
     wait_until(caught_up, timeout, f"group {group_id} to commit every offset", interval=0.5)
