@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]  # re-exported from cimpl at run time
 
-from service.adapters.kafka import client_config
+from service.adapters.kafka import client_config, committed_offsets
 from service.config import Settings
 
 
@@ -35,6 +35,24 @@ def ensure_topics(
         NewTopic(settings.dlq_topic, num_partitions=partitions, replication_factor=-1),
     ]
     missing = [t for t in wanted if t.topic not in existing]
+    created = _create(admin, missing)
+    wait_for_group_coordinator(settings, wait_seconds)
+    return created
+
+
+def wait_for_group_coordinator(settings: Settings, wait_seconds: float) -> None:
+    """Consumer groups work only once the broker's offsets topic exists and is loaded; on a
+    fresh broker that takes a few seconds after the first group request. Asking once here
+    makes `make stack-up` return with groups ready."""
+    consumer = Consumer({**client_config(settings), "group.id": "payauth-stack-probe"})
+    try:
+        committed_offsets(consumer, [TopicPartition(settings.input_topic, 0)],
+                          within_seconds=wait_seconds)
+    finally:
+        consumer.close()
+
+
+def _create(admin: AdminClient, missing: list[NewTopic]) -> list[str]:
     created = []
     if missing:
         for name, future in admin.create_topics(missing, operation_timeout=30).items():
@@ -47,4 +65,4 @@ def ensure_topics(
     return created
 
 
-__all__ = ["NewTopic", "ensure_topics", "wait_for_broker"]
+__all__ = ["NewTopic", "ensure_topics", "wait_for_broker", "wait_for_group_coordinator"]

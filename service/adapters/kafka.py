@@ -189,18 +189,28 @@ class _BatchAck:
             self.future.set_result(None)
 
 
+# What a group coordinator answers while it moves or loads (right after a broker starts, the
+# offsets topic is still being created): worth asking again.
+COORDINATOR_NOT_READY = {
+    KafkaError.NOT_COORDINATOR,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+    KafkaError._TIMED_OUT,
+    KafkaError._TRANSPORT,
+}
+
+
 def committed_offsets(consumer: Consumer, tps: list[TopicPartition],
-                      attempts: int = 20) -> dict[int, int]:
-    """The group's committed offsets, retrying what the broker calls retriable (a group
-    coordinator moving or still loading answers NOT_COORDINATOR for a moment)."""
-    for attempt in range(attempts):
+                      within_seconds: float = 60) -> dict[int, int]:
+    """The group's committed offsets, asking again while the coordinator is not ready."""
+    deadline = time.monotonic() + within_seconds
+    while True:
         try:
             return {tp.partition: tp.offset for tp in consumer.committed(tps, timeout=15)}
         except KafkaException as exc:
-            if attempt == attempts - 1 or not exc.args[0].retriable():
+            if exc.args[0].code() not in COORDINATOR_NOT_READY or time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
-    raise AssertionError("unreachable")
 
 
 def group_lag(conf: dict[str, Any], group: str, topic: str) -> dict[int, int]:

@@ -8,6 +8,7 @@ from typing import Any
 
 from confluent_kafka import KafkaException
 
+from service.adapters.kafka import COORDINATOR_NOT_READY
 from service.processes import WorkerProcess as _WorkerProcess
 from service.processes import parse_metrics
 from tests.support.stack import committed_offsets, end_offsets
@@ -39,7 +40,7 @@ def wait_caught_up(group_id: str, topic: str, partitions: int, timeout: float = 
             ends = end_offsets(topic, partitions)
             committed = committed_offsets(group_id, topic, partitions)
         except KafkaException as exc:
-            if exc.args[0].retriable():
+            if exc.args[0].code() in COORDINATOR_NOT_READY:
                 return False  # a coordinator moving or loading: ask again
             raise
         return all(end == 0 or committed.get(p, -1) >= end for p, end in ends.items())
