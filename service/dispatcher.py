@@ -152,6 +152,11 @@ class Dispatcher:
             raise
         except Exception as exc:  # a bug, not a transient fault: the worker stops on it
             self._failure = exc
+            # Nothing more may start: a later batch on these partitions would store an
+            # offset past the failed messages. Their offsets stay where they are; the next
+            # owner replays them.
+            self._closed = True
+            self._pending.clear()
             log.error("batch_failed", error=repr(exc), partitions=[p for _, p in parts])
         finally:
             # A batch cancelled by revoke() is cleaned up there, after its messages on the

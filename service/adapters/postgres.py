@@ -70,6 +70,9 @@ _UNAVAILABLE = (
     asyncpg.TooManyConnectionsError,
     asyncpg.InsufficientResourcesError,
     asyncpg.ReadOnlySQLTransactionError,
+    # A connection left in an impossible state by a server going away mid-operation
+    # (seen during PostgreSQL restarts): a fresh connection is the cure, not a stop.
+    asyncpg.InternalClientError,
 )
 
 # Dedup records are purged after the retention window; the ledger is not. A key found only

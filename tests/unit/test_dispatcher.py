@@ -119,3 +119,29 @@ async def test_a_cancelled_batch_gives_back_the_partitions_it_keeps() -> None:
     assert [(m.p, m.off) for m in processor.done] == [(1, 0), (1, 1), (1, 2)]
     nexts, _ = tracker.drain()
     assert nexts == {("t", 1): 3}
+
+
+async def test_after_a_failed_batch_nothing_later_on_its_partitions_is_processed() -> None:
+    """A batch that fails with an unexpected error stops the dispatcher: a later batch on the
+    same partition would store an offset past the failed messages (a loss)."""
+
+    class FailOnce:
+        def __init__(self) -> None:
+            self.calls = 0
+            self.done: list[Msg] = []
+
+        async def process(self, msgs: Sequence[Msg]) -> None:
+            self.calls += 1
+            if self.calls == 1:
+                raise RuntimeError("unexpected")
+            self.done.extend(msgs)
+
+    processor, tracker = FailOnce(), OffsetTracker()
+    dispatcher = Dispatcher(processor, tracker, max_batch=2, close_timeout=1, max_in_flight=1)
+    dispatcher.submit(("t", 0), [Msg(0, 0), Msg(0, 1), Msg(0, 2), Msg(0, 3)])
+    await asyncio.sleep(0.05)
+    dispatcher.submit(("t", 0), [Msg(0, 4)])
+    await asyncio.sleep(0.05)
+    assert isinstance(dispatcher.failed(), RuntimeError)
+    assert processor.done == []
+    assert tracker.drain() == ({}, {})
