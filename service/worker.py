@@ -122,13 +122,23 @@ async def run_worker(settings: Settings) -> int:
                 exit_code = 1
                 break
     finally:
+        # One budget for the whole stop, within the orchestrator's grace period: batches in
+        # flight get most of it; what is not finished by then is replayed by the next owner.
+        deadline = loop.time() + settings.shutdown_timeout_seconds
+
+        def left(share: float = 1.0) -> float:
+            return max(1.0, (deadline - loop.time()) * share)
+
         log.info("worker_stopping")
-        await dispatcher.drain()
+        try:
+            await asyncio.wait_for(dispatcher.drain(), left(0.6))
+        except TimeoutError:
+            log.warning("stop_drain_timeout")
         consumer.stop()
         # The consumer thread stores and commits what finished and closes; keep the loop
         # running meanwhile, since its revoke callback calls back into it.
-        await loop.run_in_executor(None, consumer.join, settings.shutdown_timeout_seconds)
-        await loop.run_in_executor(None, publisher.close)
+        await loop.run_in_executor(None, consumer.join, left(0.7))
+        await loop.run_in_executor(None, publisher.close, left())
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
