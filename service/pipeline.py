@@ -27,6 +27,7 @@ the batch's partitions make no progress and commit nothing until the dependency 
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 from collections import Counter
@@ -49,7 +50,12 @@ from service.domain.errors import (
     TransientError,
 )
 from service.domain.events import encode_event, result_event
-from service.domain.messages import Authorization, decode_authorization
+from service.domain.messages import (
+    Authorization,
+    ParsedMessage,
+    parse_authorization,
+    validate_authorization,
+)
 from service.faults import FaultInjector
 
 log = structlog.get_logger(__name__)
@@ -88,8 +94,10 @@ class Sender(Protocol):
 class _Plan:
     """What to do with each message of the batch, filled in by the steps."""
 
-    # (message, outcome, layer or dead-letter reason, the validated request if any)
-    outcomes: list[tuple[Message, Outcome, str | None, Authorization | None]] = field(
+    # (message, outcome, layer or dead-letter reason, transaction_id, message_id); the ids
+    # only once validated (a matching fingerprint validates the transaction_id), so that no
+    # card data can ever reach a log line through them
+    outcomes: list[tuple[Message, Outcome, str | None, str | None, str | None]] = field(
         default_factory=list
     )
     events: dict[str, tuple[StoredResult, bool]] = field(default_factory=dict)  # id → (, repeat)
@@ -158,26 +166,33 @@ class BatchProcessor:
     # ------------------------------------------------------------------ steps
     async def _run_once(self, msgs: Sequence[Message]) -> _Plan:
         plan = _Plan()
-        # 1. decode
-        valid: list[tuple[Message, Authorization]] = []
+        # 1. parse: size, encoding, JSON, card data
+        parsed: list[tuple[Message, ParsedMessage]] = []
         for msg in msgs:
             try:
-                valid.append((msg, decode_authorization(msg.value(), max_bytes=self._max_bytes)))
+                parsed.append((msg, parse_authorization(msg.value(), max_bytes=self._max_bytes)))
             except InvalidMessage as exc:
-                plan.dead_letters.append((msg, exc.reason, exc.detail))
-                plan.outcomes.append((msg, Outcome.INVALID, exc.reason.value, None))
+                self._invalid(plan, msg, exc)
 
-        # 2. Redis fast path
+        # 2. Redis fast path, before the schema check: a redelivery whose key fields are
+        # exactly those of a decided transaction needs nothing more (a replay of millions
+        # skips the costliest step); anything else is validated and goes on to PostgreSQL.
         started = time.perf_counter()
-        known = await self._cache.get_many([a.transaction_id for _, a in valid])
+        known = await self._cache.get_many(
+            [p.transaction_id for _, p in parsed if p.transaction_id is not None])
         metrics.dedup_lookup_seconds.labels("redis").observe(time.perf_counter() - started)
         metrics.redis_up.set(1 if self._cache.up else 0)
         to_store: list[tuple[Message, Authorization]] = []
-        for msg, auth in valid:
-            if known.get(auth.transaction_id) == auth.fingerprint:
-                plan.outcomes.append((msg, Outcome.DUPLICATE, "redis", auth))
-            else:
-                to_store.append((msg, auth))
+        for msg, message in parsed:
+            if message.transaction_id is not None and (
+                    known.get(message.transaction_id) == message.fingerprint):
+                plan.outcomes.append((msg, Outcome.DUPLICATE, "redis", message.transaction_id,
+                                      None))
+                continue
+            try:
+                to_store.append((msg, validate_authorization(message)))
+            except InvalidMessage as exc:
+                self._invalid(plan, msg, exc)
 
         # 3. PostgreSQL
         if to_store:
@@ -190,6 +205,11 @@ class BatchProcessor:
         # 6. (off the critical path) confirm publication, then the Redis fast path
         self.confirmations.add(list(plan.events), plan.cache)
         return plan
+
+    @staticmethod
+    def _invalid(plan: _Plan, msg: Message, exc: InvalidMessage) -> None:
+        plan.dead_letters.append((msg, exc.reason, exc.detail))
+        plan.outcomes.append((msg, Outcome.INVALID, exc.reason.value, None, None))
 
     async def _decide(self, items: list[tuple[Message, Authorization]], plan: _Plan) -> None:
         auths = [a for _, a in items]
@@ -208,18 +228,20 @@ class BatchProcessor:
                 if record is None:
                     continue  # dead-lettered by _authorize
                 outcome = Outcome.APPROVED if record.result is Result.APPROVED else Outcome.DECLINED
-                plan.outcomes.append((msg, outcome, None, auth))
+                plan.outcomes.append((msg, outcome, None, auth.transaction_id, auth.message_id))
                 plan.events[auth.transaction_id] = (record, False)
                 plan.cache[auth.transaction_id] = auth.fingerprint
             elif c.kind is Kind.DUPLICATE:
-                plan.outcomes.append((msg, Outcome.DUPLICATE, "postgres", auth))
+                plan.outcomes.append((msg, Outcome.DUPLICATE, "postgres", auth.transaction_id,
+                                      auth.message_id))
                 if c.previous is not None:
                     if not c.previous.published:
                         # Decided earlier but its event was never confirmed: publish it again.
                         plan.events.setdefault(auth.transaction_id, (c.previous, True))
                     plan.cache[auth.transaction_id] = auth.fingerprint
             else:
-                plan.outcomes.append((msg, Outcome.CONFLICT, None, auth))
+                plan.outcomes.append((msg, Outcome.CONFLICT, None, auth.transaction_id,
+                                      auth.message_id))
                 plan.dead_letters.append(
                     (msg, DeadLetterReason.IDEMPOTENCY_KEY_CONFLICT,
                      "transaction_id already seen with a different amount, currency, account "
@@ -240,7 +262,7 @@ class BatchProcessor:
                 msg = items[0][0]
                 plan.dead_letters.append((msg, DeadLetterReason.SCHEMA_VIOLATION,
                                           f"rejected by the database: {str(exc)[:200]}"))
-                plan.outcomes.append((msg, Outcome.INVALID, "database", items[0][1]))
+                plan.outcomes.append((msg, Outcome.INVALID, "database", None, None))
                 return []
             records = []
             for item in items:
@@ -285,20 +307,22 @@ class BatchProcessor:
         outcomes: Counter[str] = Counter()
         layers: Counter[str] = Counter()
         duplicate_ids: list[str] = []
-        for msg, outcome, detail, auth in plan.outcomes:
+        debug = log.is_enabled_for(logging.DEBUG)
+        for msg, outcome, detail, txn_id, message_id in plan.outcomes:
             outcomes[outcome.value] += 1
+            if outcome is Outcome.DUPLICATE:  # the common case of a replay: kept cheap
+                layers[detail or "postgres"] += 1
+                if txn_id is not None:
+                    duplicate_ids.append(txn_id)
+                if debug:
+                    log.debug("duplicate", layer=detail, partition=msg.partition(),
+                              offset=msg.offset(), transaction_id=txn_id)
+                continue
             fields: dict[str, object] = {
                 "partition": msg.partition(), "offset": msg.offset(), "outcome": outcome.value,
+                "transaction_id": txn_id, "message_id": message_id,
             }
-            if auth is not None:  # validated, so no card data can be in these fields
-                fields["transaction_id"] = auth.transaction_id
-                fields["message_id"] = auth.message_id
-            if outcome is Outcome.DUPLICATE:
-                layers[detail or "postgres"] += 1
-                if auth is not None:
-                    duplicate_ids.append(auth.transaction_id)
-                log.debug("duplicate", layer=detail, **fields)
-            elif outcome is Outcome.INVALID:
+            if outcome is Outcome.INVALID:
                 log.warning("dead_lettered", reason=detail, **fields)
             elif outcome is Outcome.CONFLICT:
                 log.warning("idempotency_key_conflict", **fields)

@@ -12,8 +12,9 @@ unreachable Redis only send the message on to PostgreSQL, which decides.
 Layout: entries live in time buckets, ``dedup:b:{n}`` hashes (field = transaction_id, value =
 fingerprint), bucket n covering [n·w, (n+1)·w) with w = ttl / 4. A bucket expires at
 (n+1)·w + ttl, so every entry lives between ttl and ttl + w. A batch costs two commands to
-write (HSET, EXPIREAT) and one HMGET per live bucket (five) to read, pipelined: one round trip
-each way, whatever the batch size, instead of a SET per transaction.
+write (HSET, EXPIREAT), pipelined, and one script call to read (an HMGET per live bucket, of
+the ids not found in a newer one): one round trip each way, whatever the batch size, instead
+of a SET or GET per transaction.
 
 Redis is optional: any Redis error marks it down (``payauth_redis_up 0``), the batch carries
 on without it, and it is tried again after a short pause rather than on every batch.
@@ -32,6 +33,30 @@ log = structlog.get_logger(__name__)
 
 BUCKET_PREFIX = "dedup:b:"
 
+# Looks the ids up in the live buckets, newest first, asking each older bucket only for the
+# ids still missing: one command and one reply per batch, with each id sent once (a pipeline
+# of one HMGET per bucket sent every id five times, a tenth of a replay's time).
+_LOOKUP = """
+local found, missing = {}, {}
+for i = 1, #ARGV do found[i] = false; missing[i] = i end
+for _, bucket in ipairs(KEYS) do
+  if #missing == 0 then break end
+  local still = {}
+  for first = 1, #missing, 1000 do
+    local last = math.min(first + 999, #missing)
+    local ids = {}
+    for j = first, last do ids[#ids + 1] = ARGV[missing[j]] end
+    local values = redis.call('HMGET', bucket, unpack(ids))
+    for j = first, last do
+      local value = values[j - first + 1]
+      if value then found[missing[j]] = value else still[#still + 1] = missing[j] end
+    end
+  end
+  missing = still
+end
+return found
+"""
+
 
 class RedisDedupCache:
     def __init__(
@@ -48,6 +73,7 @@ class RedisDedupCache:
         self._retry_after = retry_after_seconds
         self._clock = clock
         self._down_since: float | None = None
+        self._lookup = client.register_script(_LOOKUP)
 
     @classmethod
     def from_url(cls, url: str, *, ttl_seconds: int, timeout_seconds: float) -> RedisDedupCache:
@@ -96,22 +122,15 @@ class RedisDedupCache:
         are absent; Redis down means everything is absent."""
         if not txn_ids or self._skipping():
             return {}
-        ids = list(txn_ids)
         try:
-            async with self._client.pipeline(transaction=False) as pipe:
-                for index in self.live_buckets():
-                    pipe.hmget(self.bucket_key(index), ids)
-                answers = await pipe.execute()
+            values = await self._lookup(keys=[self.bucket_key(i) for i in self.live_buckets()],
+                                        args=list(txn_ids))
         except (RedisError, OSError) as exc:
             self._mark_down(exc)
             return {}
         self._mark_up()
-        found: dict[str, str] = {}
-        for values in answers:  # newest bucket first: the latest entry wins
-            for txn_id, value in zip(ids, values, strict=True):
-                if value is not None and txn_id not in found:
-                    found[txn_id] = value
-        return found
+        return {txn_id: value for txn_id, value in zip(txn_ids, values, strict=True)
+                if value is not None}
 
     async def set_many(self, fingerprints: Mapping[str, str]) -> bool:
         """Remember decided transactions. Only call after COMMIT and after the result event was
