@@ -39,6 +39,20 @@ dedup_lookup_seconds = Histogram(
     buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5),
     registry=REGISTRY,
 )
+STAGES = ("parse", "redis", "validate", "postgres_lookup", "postgres_commit", "publish")
+stage_seconds = Histogram(
+    "payauth_batch_stage_seconds",
+    "Time of each step of a batch (where a batch's time goes), by stage.",
+    ["stage"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+    registry=REGISTRY,
+)
+batch_messages = Histogram(
+    "payauth_batch_messages",
+    "Messages per batch (small under light load, growing with the backlog).",
+    buckets=(1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500),
+    registry=REGISTRY,
+)
 dead_letters_total = Counter(
     "payauth_dead_letters_total",
     "Messages written to the dead-letter topic, by reason.",
@@ -83,6 +97,8 @@ for _outcome in OUTCOMES:
     messages_total.labels(_outcome)
 for _layer in LAYERS:
     duplicates_total.labels(_layer)
+for _stage in STAGES:
+    stage_seconds.labels(_stage)
 for _store in ("redis", "postgres"):
     dedup_lookup_seconds.labels(_store)
 # Every series exists from the start at 0, so rate() and alerts see the first increment.

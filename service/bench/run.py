@@ -7,7 +7,8 @@ Phases, each on its own topic/group in one fresh database with 10,000 accounts:
   new         one worker over a backlog of new authorizations, 12 partitions
   replay      the same backlog again after `payauth replay --to-earliest`: all duplicates
   hot         every authorization on one account
-  latency     paced at 70 % of `new`: produce → result event, p50/p99
+  latency     paced at 70 % of `new` after a warm-up: produce → result event, p50/p99; then
+              50 % and 25 % (the latency curve)
   naive       the seed's flow, message by message (the baseline to beat)
 and then `payauth verify`. Writes JSON to $BENCH_OUT (default .bench/results.json).
 
@@ -35,7 +36,7 @@ from typing import Any, cast
 
 import asyncpg
 import redis
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from pydantic import SecretStr
 
 from service import scratch
@@ -58,11 +59,14 @@ class Sizes:
     hot: int
     naive: int
     latency_seconds: float
+    latency_warmup_seconds: float
     pgbench_seconds: int
 
 
-FULL = Sizes(new=100_000, hot=30_000, naive=3_000, latency_seconds=30, pgbench_seconds=20)
-SMOKE = Sizes(new=3_000, hot=1_000, naive=200, latency_seconds=4, pgbench_seconds=3)
+FULL = Sizes(new=100_000, hot=30_000, naive=3_000, latency_seconds=30, latency_warmup_seconds=5,
+             pgbench_seconds=20)
+SMOKE = Sizes(new=3_000, hot=1_000, naive=200, latency_seconds=4, latency_warmup_seconds=1,
+              pgbench_seconds=3)
 
 
 def log(msg: str) -> None:
@@ -283,66 +287,93 @@ class Bench:
         log(f"one hot account: {rate:,.0f} auth/s")
 
     def phase_latency(self) -> None:
+        """Produce → result event, for paced load: a warm-up (not measured), then 70 % of
+        the backlog rate (the figures of record), then 50 % and 25 % (the curve), all through
+        one worker; each latency counts for the step its message was sent in."""
         topic = self.topic("lat")
         group = f"bench-lat-{self.run}"
         worker = self.worker(topic, group, "latency")
         worker_ready = time.monotonic() + 60
         while not worker.events("partitions_assigned") and time.monotonic() < worker_ready:
             time.sleep(0.1)
-        rate = 0.7 * self.results["new_auth_per_s"]
-        sent: dict[str, float] = {}
-        latencies: list[float] = []
+        full = self.results["new_auth_per_s"]
+        seconds = self.sizes.latency_seconds
+        steps = [("warm-up", 0.7, self.sizes.latency_warmup_seconds), ("70%", 0.7, seconds),
+                 ("50%", 0.5, seconds / 2), ("25%", 0.25, seconds / 2)]
+        sent: dict[str, tuple[float, str]] = {}  # transaction_id → (sent at, step)
+        latencies: dict[str, list[float]] = {name: [] for name, _, _ in steps}
+        received = 0
         stop = threading.Event()
 
         def receive() -> None:
+            nonlocal received
+            # Assigned, not subscribed: no group to join, so reading starts at once and the
+            # first events are not measured late.
             consumer = Consumer({"bootstrap.servers": self.bootstrap,
                                  "group.id": f"lat-reader-{self.run}",
-                                 "auto.offset.reset": "earliest", "fetch.wait.max.ms": 5})
-            consumer.subscribe([topic + ".out"])
-            while not stop.is_set() or len(latencies) < len(sent):
+                                 "enable.auto.commit": False, "fetch.wait.max.ms": 5})
+            consumer.assign([TopicPartition(topic + ".out", p, OFFSET_BEGINNING)
+                             for p in range(PARTITIONS)])
+            give_up = float("inf")
+            while received < len(sent) or not stop.is_set():
+                if stop.is_set() and give_up == float("inf"):
+                    give_up = time.monotonic() + 30
+                if time.monotonic() > give_up:
+                    break
                 # poll() returns on the first event; consume() would wait out its timeout
                 # to fill a batch and add that wait to every latency measured.
                 first = consumer.poll(0.2)
                 batch = [first, *consumer.consume(1000, timeout=0)] if first else []
+                now = time.monotonic()
                 for msg in batch:
                     if msg.error() is None:
                         txn = json.loads(msg.value() or b"{}").get("transaction_id")
                         if txn in sent:
-                            latencies.append(time.monotonic() - sent[txn])
-                if stop.is_set() and time.monotonic() > deadline + 30:
-                    break
+                            at, step = sent[txn]
+                            latencies[step].append(now - at)
+                            received += 1
             consumer.close()
 
         reader = threading.Thread(target=receive)
         reader.start()
         time.sleep(2)
-        producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 0,
+        # A gateway batches its sends for a few milliseconds, as librdkafka does by default
+        # (linger.ms 5); 0 would cost the broker, on the same two cores, a request per message.
+        producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 5,
                              "enable.idempotence": True})
-        records = self.messages(int(rate * self.sizes.latency_seconds) + 1, tag="L")
-        started = time.monotonic()
-        deadline = started + self.sizes.latency_seconds
-        ids = [json.loads(value)["body"]["transaction_id"] for _, value in records]
-        for i, (key, value) in enumerate(records):
-            # Paced in 5 ms ticks: sleeping between small bursts keeps this process off the
-            # CPU the worker needs (a busy wait would take a whole core of two).
-            due = started + i / rate
-            if (delay := due - time.monotonic()) > 0.005:
-                time.sleep(delay)
-            sent[ids[i]] = time.monotonic()
-            producer.produce(topic, key=key, value=value)
-            producer.poll(0)
+        for step, fraction, duration in steps:
+            rate = fraction * full
+            records = self.messages(int(rate * duration) + 1, tag=f"L{step[:2]}")
+            ids = [json.loads(value)["body"]["transaction_id"] for _, value in records]
+            started = time.monotonic()
+            for i, (key, value) in enumerate(records):
+                # Paced in 5 ms ticks: sleeping between small bursts keeps this process off
+                # the CPU the worker needs (a busy wait would take a whole core of two).
+                due = started + i / rate
+                if (delay := due - time.monotonic()) > 0.005:
+                    time.sleep(delay)
+                sent[ids[i]] = (time.monotonic(), step)
+                producer.produce(topic, key=key, value=value)
+                producer.poll(0)
         producer.flush(30)
         stop.set()
         reader.join()
         assert worker.terminate() == 0
-        latencies.sort()
-        p50 = statistics.median(latencies) * 1000
-        p99 = latencies[int(0.99 * (len(latencies) - 1))] * 1000
-        self.results.update(p50_ms=round(p50, 2), p99_ms=round(p99, 2),
-                            latency_rate_per_s=round(rate, 1),
-                            latency_samples=len(latencies))
-        log(f"latency at {rate:,.0f} auth/s: p50 {p50:.1f} ms, p99 {p99:.1f} ms "
-            f"({len(latencies)} of {len(sent)} events seen)")
+        curve = []
+        for step, fraction, _ in steps[1:]:
+            values = sorted(latencies[step])
+            p50 = statistics.median(values) * 1000
+            p99 = values[int(0.99 * (len(values) - 1))] * 1000
+            curve.append({"load": step, "rate_per_s": round(fraction * full, 1),
+                          "p50_ms": round(p50, 2), "p99_ms": round(p99, 2),
+                          "samples": len(values)})
+            log(f"latency at {fraction * full:,.0f} auth/s ({step} of the backlog rate): "
+                f"p50 {p50:.1f} ms, p99 {p99:.1f} ms ({len(values)} events)")
+        record = curve[0]
+        self.results.update(p50_ms=record["p50_ms"], p99_ms=record["p99_ms"],
+                            latency_rate_per_s=record["rate_per_s"],
+                            latency_samples=record["samples"], latency_curve=curve,
+                            latency_events_missing=len(sent) - received)
 
     def phase_naive(self) -> None:
         topic = self.topic("naive")

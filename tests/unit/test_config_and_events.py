@@ -97,3 +97,16 @@ def test_declined_event_and_stable_event_id() -> None:
     assert event["event_type"] == "PaymentDeclined"
     assert event["decline_reason"] == "INSUFFICIENT_FUNDS"
     assert event_id_for("X") == event_id_for("X") != event_id_for("Y")
+
+
+def test_event_bytes_are_compact_json_in_contract_order() -> None:
+    # Republished events must stay byte-identical across versions: the bytes are those of
+    # json.dumps with compact separators (what earlier versions wrote), keys in this order.
+    import json
+
+    from service.domain.events import encode_event
+
+    for stored in (_stored(Result.APPROVED, None),
+                   _stored(Result.DECLINED, DeclineReason.INSUFFICIENT_FUNDS)):
+        event = result_event(stored)
+        assert encode_event(event) == json.dumps(event, separators=(",", ":")).encode()

@@ -216,3 +216,24 @@ def test_only_payment_card_prefixes_count() -> None:
         number = next(n for d in "0123456789"
                       if luhn_valid(n := prefix + "11111111111111" + d))
         assert not contains_pan(number), number
+
+
+def test_card_number_spelled_with_json_escapes_is_refused() -> None:
+    # "\u0034\u0031…" is 4111… once decoded: the raw text shows no digit run at all.
+    escaped = "".join(f"\\u{ord(c):04x}" for c in PAN)
+    raw = with_body(merchant="PLACEHOLDER").replace(b"PLACEHOLDER", escaped.encode())
+    assert reason_of(raw) is R.CARD_DATA_PRESENT
+
+
+def test_parse_reads_the_key_fields_as_sent() -> None:
+    from service.domain.messages import parse_authorization, validate_authorization
+
+    parsed = parse_authorization(encode(auth_message("T", amount="10.50")))
+    assert parsed.transaction_id == "T"
+    assert parsed.fingerprint == validate_authorization(parsed).fingerprint
+    # Not the canonical text: no fingerprint of a decided request can equal this one, so a
+    # redelivery written differently is always validated and looked up in PostgreSQL.
+    assert parse_authorization(encode(auth_message("T", amount="10.5"))).fingerprint != \
+        parsed.fingerprint
+    numeric = parse_authorization(encode(auth_message("T", amount=Decimal("10.50"))))
+    assert numeric.transaction_id is None and numeric.fingerprint is None

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from service import metrics
 from service.adapters.kafka import Record
 from service.adapters.postgres import ClaimLost, DataRejected
 from service.domain.decision import Result, StoredResult
@@ -132,6 +133,29 @@ async def test_a_redis_hit_with_another_fingerprint_is_a_conflict_not_a_duplicat
     await p.process(msgs(auth_message("T1", amount="99.00")))
     assert [t for t, _ in sender.sent] == ["out", "dlq"]
     assert store.commits == 1
+
+
+def _duplicates(layer: str) -> float:
+    return metrics.duplicates_total.labels(layer)._value.get()
+
+
+async def test_a_redelivery_is_recognised_by_its_key_fields_before_the_schema_check() -> None:
+    store, cache, sender = Store(), Cache(), Sender()
+    p = processor(store, cache, sender)
+    await p.process(msgs(auth_message("T1", amount="10.50")))
+    await p.confirmations.flush()
+    redis_before, pg_before = _duplicates("redis"), _duplicates("postgres")
+    # Same key fields, other fields the schema would refuse: the transaction was decided,
+    # nothing of this copy is stored, logged or published, so it is a duplicate.
+    await p.process(msgs(auth_message("T1", amount="10.50", merchant="bad\x01text")))
+    assert (_duplicates("redis"), _duplicates("postgres")) == (redis_before + 1, pg_before)
+    # The same amount written differently is validated and found in PostgreSQL instead.
+    await p.process(msgs(auth_message("T1", amount="10.5")))
+    assert (_duplicates("redis"), _duplicates("postgres")) == (redis_before + 1, pg_before + 1)
+    # Card data is refused whatever the key fields say.
+    await p.process(msgs(auth_message("T1", amount="10.50", merchant="Shop 4111111111111111")))
+    assert [t for t, _ in sender.sent] == ["out", "dlq"] and store.commits == 1
+    assert b"4111111111111111" in (sender.sent[-1][1] or b"")  # the original bytes, DLQ only
 
 
 async def test_transient_failures_are_retried_until_they_pass() -> None:
