@@ -3,10 +3,11 @@ This is the exactly-once argument.
 
 ``BatchProcessor.process(messages)``:
 
-1. Decode and validate each message (exact Decimals). Invalid → dead-letter.
+1. Read each message's key fields cheaply (``redelivery_key``).
 2. Redis fast path, one round trip: a transaction whose stored fingerprint matches is a
-   duplicate already decided, committed and published; skip it. A different fingerprint, a
-   miss, or Redis down → step 3.
+   duplicate already decided, committed and published; skip it. The rest (a different
+   fingerprint, a miss, Redis down) is parsed strictly and validated (exact Decimals;
+   invalid → dead-letter) and goes to step 3.
 3. PostgreSQL: read the dedup records of the rest (duplicates and conflicts), then decide the
    new ones in one transaction (claim, lock accounts, decide, debit/credit, ledger, dedup
    record) and COMMIT. Another replica claiming first → ``ClaimLost`` → back to step 3.
@@ -52,8 +53,8 @@ from service.domain.errors import (
 from service.domain.events import encode_event, result_event
 from service.domain.messages import (
     Authorization,
-    ParsedMessage,
     parse_authorization,
+    redelivery_key,
     validate_authorization,
 )
 from service.faults import FaultInjector
@@ -167,36 +168,29 @@ class BatchProcessor:
     async def _run_once(self, msgs: Sequence[Message]) -> _Plan:
         plan = _Plan()
         stage = _StageClock()
-        # 1. parse: size, encoding, JSON, card data
-        parsed: list[tuple[Message, ParsedMessage]] = []
-        for msg in msgs:
-            try:
-                parsed.append((msg, parse_authorization(msg.value(), max_bytes=self._max_bytes)))
-            except InvalidMessage as exc:
-                self._invalid(plan, msg, exc)
-
+        # 1. read each message's key fields, cheaply (None: the full path decides)
+        keys = [redelivery_key(msg.value(), max_bytes=self._max_bytes) for msg in msgs]
         stage.lap("parse")
-        # 2. Redis fast path, before the schema check: a redelivery whose key fields are
-        # exactly those of a decided transaction needs nothing more (a replay of millions
-        # skips the costliest step); anything else is validated and goes on to PostgreSQL.
+
+        # 2. Redis fast path, before the strict parse and the schema check: a redelivery
+        # whose key fields are exactly those of a decided transaction needs nothing more (a
+        # replay of millions skips the costliest steps); anything else is parsed, validated
+        # and goes on to PostgreSQL.
         started = time.perf_counter()
-        known = await self._cache.get_many(
-            [p.transaction_id for _, p in parsed if p.transaction_id is not None])
+        known = await self._cache.get_many([key[0] for key in keys if key is not None])
         metrics.dedup_lookup_seconds.labels("redis").observe(time.perf_counter() - started)
         metrics.redis_up.set(1 if self._cache.up else 0)
         stage.lap("redis")
         to_store: list[tuple[Message, Authorization]] = []
-        for msg, message in parsed:
-            if message.transaction_id is not None and (
-                    known.get(message.transaction_id) == message.fingerprint):
-                plan.outcomes.append((msg, Outcome.DUPLICATE, "redis", message.transaction_id,
-                                      None))
+        for msg, key in zip(msgs, keys, strict=True):
+            if key is not None and known.get(key[0]) == key[1]:
+                plan.outcomes.append((msg, Outcome.DUPLICATE, "redis", key[0], None))
                 continue
             try:
-                to_store.append((msg, validate_authorization(message)))
+                document = parse_authorization(msg.value(), max_bytes=self._max_bytes)
+                to_store.append((msg, validate_authorization(document)))
             except InvalidMessage as exc:
                 self._invalid(plan, msg, exc)
-
         stage.lap("validate")
 
         # 3. PostgreSQL

@@ -80,10 +80,14 @@ def may_contain_pan(text: str) -> bool:
     """
     if "\\u" in text:
         return True
-    raw = text.encode("utf-8", "surrogatepass")
-    if _THIRTEEN not in raw.translate(_RUN_BYTES):
+    if not has_long_digit_run(text.encode("utf-8", "surrogatepass")):
         return False
     return any(_CANDIDATE.search(run.group()) for run in _RUN.finditer(text))
+
+
+def has_long_digit_run(raw: bytes) -> bool:
+    """13 or more digits, spaces or dashes in a row: where a card number could hide."""
+    return _THIRTEEN in raw.translate(_RUN_BYTES)
 
 
 def document_contains_pan(document: object) -> bool:

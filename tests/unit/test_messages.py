@@ -225,15 +225,56 @@ def test_card_number_spelled_with_json_escapes_is_refused() -> None:
     assert reason_of(raw) is R.CARD_DATA_PRESENT
 
 
-def test_parse_reads_the_key_fields_as_sent() -> None:
-    from service.domain.messages import parse_authorization, validate_authorization
+def test_redelivery_key_reads_the_key_fields_as_sent() -> None:
+    from service.domain.messages import redelivery_key
 
-    parsed = parse_authorization(encode(auth_message("T", amount="10.50")))
-    assert parsed.transaction_id == "T"
-    assert parsed.fingerprint == validate_authorization(parsed).fingerprint
+    raw = encode(auth_message("T", amount="10.50"))
+    assert redelivery_key(raw) == ("T", decode_authorization(raw).fingerprint)
     # Not the canonical text: no fingerprint of a decided request can equal this one, so a
     # redelivery written differently is always validated and looked up in PostgreSQL.
-    assert parse_authorization(encode(auth_message("T", amount="10.5"))).fingerprint != \
-        parsed.fingerprint
-    numeric = parse_authorization(encode(auth_message("T", amount=Decimal("10.50"))))
-    assert numeric.transaction_id is None and numeric.fingerprint is None
+    assert redelivery_key(encode(auth_message("T", amount="10.5"))) != redelivery_key(raw)
+
+
+def _variants() -> list[bytes]:
+    good = encode(auth_message("T", amount="10.50"))
+    hexed = auth_message("T", amount="10.50")
+    hexed["body"]["card_number_hash"] = "sha256:" + "1234567890123" + "ab" * 20
+    return [
+        good,
+        good.replace(b'"T"', b'"T", "transaction_id": "T"'),  # repeated key
+        good.replace(b'"currency": "EUR"', b'"currency": "EUR", "currency": "EUR"'),
+        good.replace(b'"T"', b'"\\u0054"'),  # an escape
+        b"\xef\xbb\xbf" + good,  # byte order mark
+        good.replace(b'"10.50"', b"10.50"),  # a number
+        good.replace(b'"Amazon.es"', b'"Shop 4111111111111111"'),  # card data
+        good.replace(b'"Amazon.es"', b'"Caf\xe9"'),  # not UTF-8
+        good.replace(b'"Amazon.es"', b'"bad\x01"'),  # control character
+        good.replace(b'"Amazon.es"', b"NaN"),
+        good + b" x",  # trailing garbage
+        encode(hexed),  # a digit run inside a hash: not card data
+        good.replace(b'"merchant_category": "5411"', b'"merchant_category": 5411'),
+    ]
+
+
+@pytest.mark.parametrize("raw", _variants())
+def test_redelivery_key_never_accepts_what_the_strict_path_reads_otherwise(raw: bytes) -> None:
+    from service.domain.messages import redelivery_key
+
+    key = redelivery_key(raw)
+    try:
+        strict = decode_authorization(raw)
+    except InvalidMessage as exc:
+        # A message the strict path refuses for its JSON or card data never gets a key; a
+        # schema problem outside the key fields may (see test_pipeline: still a duplicate).
+        assert key is None or exc.reason is R.SCHEMA_VIOLATION, exc.reason
+        return
+    assert key is None or key == (strict.transaction_id, strict.fingerprint)
+
+
+def test_redelivery_key_refuses_repeated_keys_escapes_and_card_data() -> None:
+    from service.domain.messages import redelivery_key
+
+    variants = _variants()
+    assert redelivery_key(variants[0]) is not None and redelivery_key(variants[11]) is not None
+    for index in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10):
+        assert redelivery_key(variants[index]) is None, index

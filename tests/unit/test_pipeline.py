@@ -147,7 +147,7 @@ async def test_a_redelivery_is_recognised_by_its_key_fields_before_the_schema_ch
     redis_before, pg_before = _duplicates("redis"), _duplicates("postgres")
     # Same key fields, other fields the schema would refuse: the transaction was decided,
     # nothing of this copy is stored, logged or published, so it is a duplicate.
-    await p.process(msgs(auth_message("T1", amount="10.50", merchant="bad\x01text")))
+    await p.process(msgs(auth_message("T1", amount="10.50", merchant_category="ABCD")))
     assert (_duplicates("redis"), _duplicates("postgres")) == (redis_before + 1, pg_before)
     # The same amount written differently is validated and found in PostgreSQL instead.
     await p.process(msgs(auth_message("T1", amount="10.5")))
