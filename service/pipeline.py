@@ -14,11 +14,11 @@ This is the exactly-once argument.
 4. Publish every result event (new decisions, and stored results never confirmed published)
    and every dead-letter record; wait until Kafka acknowledges them all.
 5. Report the batch finished: the consumer thread may now store its offsets for commit.
-6. Hand the published transactions to the ``Confirmations`` flusher, which marks them
-   published in PostgreSQL and only then writes them to the Redis fast path, for many
-   batches at once. Both are optimizations that may be lost (a crash, Redis down): the
-   cost is a harmless republication of the same event_id, never a loss, because neither
-   is written before the COMMIT and the acknowledgement it records.
+6. Hand the published transactions to the ``Confirmations`` flusher, which records their
+   publication in PostgreSQL (a receipt per deciding batch) and only then writes them to the
+   Redis fast path, for many batches at once. Both are optimizations that may be lost (a
+   crash, Redis down): the cost is a harmless republication of the same event_id, never a
+   loss, because neither is written before the COMMIT and the acknowledgement it records.
 
 A crash or error anywhere repeats the batch from step 1 (here, or at the next owner after a
 replay): every step is safe to repeat. Transient failures are retried here with backoff, so
@@ -32,9 +32,10 @@ import logging
 import random
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
+from uuid import UUID
 
 import structlog
 
@@ -77,7 +78,8 @@ class Store(Protocol):
         source_partitions: Sequence[int],
         source_offsets: Sequence[int],
     ) -> list[StoredResult]: ...
-    async def mark_published(self, txn_ids: Sequence[str]) -> None: ...
+    async def mark_published(self, batch_ids: Sequence[UUID],
+                             txn_ids: Sequence[str]) -> None: ...
 
 
 class Cache(Protocol):
@@ -204,7 +206,7 @@ class BatchProcessor:
         self._faults.reach("after_publish")
 
         # 6. (off the critical path) confirm publication, then the Redis fast path
-        self.confirmations.add(list(plan.events), plan.cache)
+        self.confirmations.add(plan.events.values(), plan.cache)
         return plan
 
     @staticmethod
@@ -356,29 +358,38 @@ class BatchProcessor:
 
 
 class Confirmations:
-    """Marks published transactions in PostgreSQL, then remembers them in Redis, many
-    batches at a time (one UPDATE and one Redis round trip per flush)."""
+    """Records publication in PostgreSQL (a receipt per batch that decided transactions, or
+    published_at for a republished record), then remembers the transactions in Redis, many
+    batches at a time (one statement and one Redis round trip per flush)."""
 
     def __init__(self, store: Store, cache: Cache, faults: FaultInjector) -> None:
         self._store = store
         self._cache = cache
         self._faults = faults
-        self._published: list[str] = []
+        self._receipts: set[UUID] = set()
+        self._republished: list[str] = []
         self._fingerprints: dict[str, str] = {}
         self._wakeup = asyncio.Event()
 
-    def add(self, published: list[str], fingerprints: dict[str, str]) -> None:
-        self._published += published
+    def add(self, published: Iterable[tuple[StoredResult, bool]],
+            fingerprints: dict[str, str]) -> None:
+        """``published``: each event acknowledged, with whether it was a republication."""
+        for record, repeat in published:
+            if record.batch_id is not None and not repeat:
+                self._receipts.add(record.batch_id)
+            else:
+                self._republished.append(record.transaction_id)
         self._fingerprints.update(fingerprints)
-        if published or fingerprints:
+        if self._receipts or self._republished or self._fingerprints:
             self._wakeup.set()
 
     async def flush(self) -> None:
-        published, self._published = self._published, []
+        receipts, self._receipts = self._receipts, set()
+        republished, self._republished = self._republished, []
         fingerprints, self._fingerprints = self._fingerprints, {}
-        if published:
+        if receipts or republished:
             try:
-                await self._store.mark_published(published)
+                await self._store.mark_published(sorted(receipts), republished)
             except (TransientError, DataRejected) as exc:
                 # Harmless: a later duplicate republishes the same event_id once more.
                 log.warning("mark_published_failed", error=str(exc)[:300])

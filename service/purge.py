@@ -21,6 +21,17 @@ DELETE FROM processed_transactions
                      FOR UPDATE SKIP LOCKED)
 """
 
+# Publication receipts of the same age: every record that relied on one is older still
+# (processed before its batch was published), so it has been purged just before.
+_DELETE_RECEIPTS = """
+DELETE FROM published_batches
+ WHERE batch_id IN (SELECT batch_id FROM published_batches
+                     WHERE published_at < now() - make_interval(hours => $1)
+                     ORDER BY published_at
+                     LIMIT $2
+                       FOR UPDATE SKIP LOCKED)
+"""
+
 # Only one replica purges at a time; the others skip the round.
 _PURGE_LOCK = 0x7061_7970_7572_6765  # "paypurge"
 
@@ -38,6 +49,7 @@ async def purge(
         log.info("purge_skipped", reason="another purge is running")
         return 0
     total = 0
+    receipts = 0
     batches = 0
     started = time.monotonic()
     try:
@@ -52,8 +64,14 @@ async def purge(
                 break
             if pause_seconds:  # let the worker's own transactions breathe between batches
                 await asyncio.sleep(pause_seconds)
+        while max_batches is None or batches < max_batches:
+            status = await conn.execute(_DELETE_RECEIPTS, retention_hours, batch_size)
+            receipts += int(status.split()[-1])
+            batches += 1
+            if int(status.split()[-1]) < batch_size:
+                break
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1)", _PURGE_LOCK)
-    log.info("purge_done", deleted=total, batches=batches,
+    log.info("purge_done", deleted=total, receipts_deleted=receipts, batches=batches,
              seconds=round(time.monotonic() - started, 3), retention_hours=retention_hours)
     return total

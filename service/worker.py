@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import signal
 
 import structlog
@@ -90,6 +91,7 @@ async def run_worker(settings: Settings) -> int:
         backoff_initial=settings.retry_backoff_initial_ms / 1000,
         backoff_max=settings.retry_backoff_max_ms / 1000,
     )
+    _tune_garbage_collector()
     tracker = OffsetTracker()
     dispatcher = Dispatcher(
         processor, tracker,
@@ -148,6 +150,21 @@ async def run_worker(settings: Settings) -> int:
         http.shutdown()
         log.info("worker_stopped", exit_code=exit_code)
     return exit_code
+
+
+def _tune_garbage_collector() -> None:
+    """Keep the cycle collector's pauses out of the latency tail.
+
+    A batch allocates thousands of short-lived objects that reference counting frees; with
+    the default thresholds they still triggered, at 7,700 auth/s, 2,400 young and 19 full
+    collections in 70 s, the full ones up to 57 ms each (a stall of every batch in flight).
+    Everything alive after start-up (modules, schemas, connections) is frozen out of the
+    collector's scans, and a collection waits for 20,000 net new container objects: one
+    collection of each kind in the same run, garbage cycles still reclaimed.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 50, 1_000)
 
 
 async def _heartbeat(

@@ -1,6 +1,7 @@
 """The authorization store on PostgreSQL (asyncpg).
 
-One batch of new authorizations is one transaction, four round trips:
+One batch of new authorizations is one transaction, four round trips (plus, once its events
+are acknowledged, a receipt for the batch in ``published_batches``, many batches at a time):
 
     BEGIN
     SELECT … FROM accounts WHERE account_id = ANY(…) ORDER BY account_id FOR UPDATE
@@ -22,6 +23,7 @@ than sent, another replica decided some of them first: we roll back and raise
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -80,7 +82,11 @@ _UNAVAILABLE = (
 _LOAD_STORED = """
 SELECT p.txn_id, p.fingerprint, p.result, p.decline_reason, p.account_id,
        p.amount::text AS amount_text, p.currency, p.authorization_type, p.correlation_id,
-       p.processed_at, p.published_at IS NOT NULL AS published, false AS from_ledger
+       p.processed_at,
+       p.published_at IS NOT NULL
+           OR EXISTS (SELECT 1 FROM published_batches b WHERE b.batch_id = p.batch_id)
+           AS published,
+       false AS from_ledger
   FROM processed_transactions p
  WHERE p.txn_id = ANY($1::text[])
 UNION ALL
@@ -111,9 +117,9 @@ WITH input AS (
     INSERT INTO processed_transactions
            (txn_id, processed_at, result, decline_reason, fingerprint, account_id, amount,
             currency, authorization_type, correlation_id, message_id, source_topic,
-            source_partition, source_offset)
+            source_partition, source_offset, batch_id)
     SELECT txn_id, $14, result, decline_reason, fingerprint, account_id, amount, currency,
-           auth_type, correlation_id, message_id, $15, source_partition, source_offset
+           auth_type, correlation_id, message_id, $15, source_partition, source_offset, $16
       FROM input
         ON CONFLICT (txn_id) DO NOTHING
     RETURNING txn_id
@@ -135,9 +141,21 @@ WITH input AS (
 SELECT (SELECT count(*) FROM claimed) AS claimed, (SELECT count(*) FROM ledger) AS ledger
 """
 
+# Receipts for whole batches whose events were acknowledged, and published_at for records
+# republished one by one (decided earlier, never confirmed). One round trip.
 _MARK_PUBLISHED = """
-UPDATE processed_transactions SET published_at = $2
- WHERE txn_id = ANY($1::text[]) AND published_at IS NULL
+WITH receipts AS (
+    INSERT INTO published_batches (batch_id, published_at)
+    SELECT unnest($1::uuid[]), $3
+        ON CONFLICT (batch_id) DO NOTHING
+    RETURNING 1
+), republished AS (
+    UPDATE processed_transactions SET published_at = $3
+     WHERE txn_id = ANY($2::text[]) AND published_at IS NULL
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM receipts) AS receipts,
+       (SELECT count(*) FROM republished) AS republished
 """
 
 
@@ -234,6 +252,7 @@ class PostgresStore:
         Raises ``ClaimLost`` (rolled back) when another replica decided one of them first.
         """
         processed_at = datetime.now(UTC)
+        batch_id = uuid.uuid4()  # its receipt, once the events are acknowledged
         try:
             async with self._pool.acquire() as conn, conn.transaction():
                 rows = await conn.fetch(_LOCK_ACCOUNTS, sorted({a.account_id for a in new}))
@@ -261,6 +280,7 @@ class PostgresStore:
                     list(source_offsets),
                     processed_at,
                     source_topic,
+                    batch_id,
                 )
                 assert written is not None  # a SELECT of two counts always returns a row
                 approved = sum(d.result is Result.APPROVED for d in decisions)
@@ -289,16 +309,20 @@ class PostgresStore:
                 correlation_id=a.correlation_id,
                 processed_at=processed_at,
                 published=False,
+                batch_id=batch_id,
             )
             for a, d in zip(new, decisions, strict=True)
         ]
 
-    async def mark_published(self, txn_ids: Sequence[str]) -> None:
-        if not txn_ids:
+    async def mark_published(self, batch_ids: Sequence[uuid.UUID],
+                             txn_ids: Sequence[str]) -> None:
+        """Record that these batches' events (and these republished ones) were acknowledged."""
+        if not batch_ids and not txn_ids:
             return
         try:
             async with self._pool.acquire() as conn:
-                await conn.execute(_MARK_PUBLISHED, list(txn_ids), datetime.now(UTC))
+                await conn.execute(_MARK_PUBLISHED, list(batch_ids), list(txn_ids),
+                                   datetime.now(UTC))
         except Exception as exc:
             raise translate(exc) from exc
 
@@ -318,8 +342,8 @@ async def _prepare_statements(conn: asyncpg.Connection) -> None:
     try:
         await conn.fetch(_LOAD_STORED, empty)
         await conn.fetch(_LOCK_ACCOUNTS, empty)
-        await conn.fetchrow(_WRITE_BATCH, *([empty] * 13), datetime.now(UTC), "")
-        await conn.execute(_MARK_PUBLISHED, empty, datetime.now(UTC))
+        await conn.fetchrow(_WRITE_BATCH, *([empty] * 13), datetime.now(UTC), "", uuid.uuid4())
+        await conn.execute(_MARK_PUBLISHED, empty, empty, datetime.now(UTC))
     except asyncpg.UndefinedTableError:
         pass  # not migrated yet: the first batch will say so; the connection is still fine
 

@@ -459,7 +459,7 @@ def pgbench_script() -> str:
         1: txn, 2: acct, 3: "ARRAY[1.00]", 4: "ARRAY['EUR']", 5: "ARRAY['PURCHASE']",
         6: "ARRAY['APPROVED']", 7: "ARRAY[NULL]::text[]", 8: "ARRAY['fp']",
         9: "ARRAY['corr']", 10: "ARRAY['msg']", 11: "ARRAY[-1.00]", 12: "ARRAY[0]",
-        13: "ARRAY[0]", 14: "now()", 15: "'pgbench'",
+        13: "ARRAY[0]", 14: "now()", 15: "'pgbench'", 16: "gen_random_uuid()",
     }
 
     def bind(statement: str, mapping: dict[int, str]) -> str:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from enum import StrEnum
+from uuid import UUID
 
 from service.domain.messages import Authorization, AuthorizationType
 
@@ -60,6 +61,8 @@ class StoredResult:
     correlation_id: str | None
     processed_at: datetime
     published: bool
+    # The batch that decided it, when decided just now: its publication receipt's key.
+    batch_id: UUID | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -174,11 +174,21 @@ def test_purge_keeps_the_window_and_the_ledger_still_guards(env, spawn_worker) -
     stack.fetch(env.dsn, "UPDATE processed_transactions "
                          "SET processed_at = now() - interval '100 hours' WHERE txn_id = $1", old)
 
+    aged, fresh = uuid.uuid4(), uuid.uuid4()  # publication receipts, purged by age too
+    stack.fetch(env.dsn, "INSERT INTO published_batches VALUES "
+                         "($1, now() - interval '100 hours'), ($2, now())", aged, fresh)
+
     result = payauth(env, "purge", "--batch-size", "1")
     assert result.returncode == 0, result.stderr
     assert "deleted 1 dedup record(s) older than 72 h" in result.stdout
     kept = [r["txn_id"] for r in stack.fetch(env.dsn, "SELECT txn_id FROM processed_transactions")]
     assert kept == [new]
+    receipts = {r["batch_id"]
+                for r in stack.fetch(env.dsn, "SELECT batch_id FROM published_batches")}
+    assert aged not in receipts and fresh in receipts
+    # The record kept still counts as published: its batch's receipt was kept.
+    assert stack.fetch(env.dsn, "SELECT 1 FROM processed_transactions p JOIN published_batches b "
+                                "USING (batch_id) WHERE p.txn_id = $1", new)
 
     # The old transaction is redelivered after its dedup record is gone: the ledger's unique
     # txn_id still recognises it. No second debit.

@@ -129,8 +129,8 @@ def test_a_redelivered_decline_is_answered_identically(env, spawn_worker) -> Non
     wait_caught_up(env.group_id, env.input_topic, env.partitions)
     first = stack.events_of(stack.read_topic(env.output_topic, expect=1))
 
-    # Simulate the crash window: the event's confirmation and the Redis key are lost.
-    stack.fetch(env.dsn, "UPDATE processed_transactions SET published_at = NULL")
+    # Simulate the crash window: the batch's publication receipt and the Redis key are lost.
+    assert stack.fetch(env.dsn, "DELETE FROM published_batches RETURNING 1"), "no receipt"
     asyncio.run(forget_cached(env.redis_url, t["poor"]))
     # Meanwhile money arrived: a fresh decision would approve. The stored one must win.
     stack.fetch(env.dsn, "UPDATE accounts SET balance = 100, opening_balance = 100")

@@ -5,8 +5,9 @@ tested against the real services in tests/integration)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from uuid import UUID, uuid4
 
 import pytest
 
@@ -54,6 +55,7 @@ class Store:
     reject_txn: str | None = None
     commits: int = 0
     published: list[str] = field(default_factory=list)
+    receipts: list[UUID] = field(default_factory=list)
 
     async def load_stored(self, txn_ids: Sequence[str]) -> dict[str, StoredResult]:
         return {t: self.records[t] for t in txn_ids if t in self.records}
@@ -64,21 +66,23 @@ class Store:
         if self.reject_txn and any(a.transaction_id == self.reject_txn for a in new):
             raise DataRejected("check violation")
         self.commits += 1
+        batch = uuid4()
         out = []
         for a in new:
             rec = StoredResult(a.transaction_id, a.fingerprint, Result.APPROVED, None,
                                a.account_id, a.amount_text, a.currency,
                                a.authorization_type.value, a.correlation_id,
-                               datetime.now(UTC), False)
+                               datetime.now(UTC), False, batch)
             self.records[a.transaction_id] = rec
             out.append(rec)
         return out
 
-    async def mark_published(self, txn_ids: Sequence[str]) -> None:
+    async def mark_published(self, batch_ids: Sequence[UUID], txn_ids: Sequence[str]) -> None:
+        self.receipts += batch_ids
         self.published += txn_ids
-        for t in txn_ids:
-            r = self.records[t]
-            self.records[t] = StoredResult(*[getattr(r, f) for f in r.__slots__][:-1], True)
+        for t, r in self.records.items():
+            if r.batch_id in batch_ids or t in txn_ids:
+                self.records[t] = replace(r, published=True)
 
 
 @dataclass
@@ -120,9 +124,11 @@ async def test_cache_is_written_only_after_commit_and_publish() -> None:
     p = processor(store, cache, sender)
     await p.process(msgs(auth_message("T1")))
     assert store.commits == 1 and [t for t, _ in sender.sent] == ["out"]
-    assert cache.data == {} and store.published == [], "confirmed later, never before"
+    assert cache.data == {} and store.receipts == [], "confirmed later, never before"
     await p.confirmations.flush()
-    assert set(cache.data) == {"T1"} and store.published == ["T1"]
+    # A receipt for the batch that decided it, not an update of its record.
+    assert set(cache.data) == {"T1"} and store.receipts == [store.records["T1"].batch_id]
+    assert store.published == [] and store.records["T1"].published
 
 
 async def test_a_redis_hit_with_another_fingerprint_is_a_conflict_not_a_duplicate() -> None:
@@ -190,9 +196,12 @@ async def test_stored_duplicate_republishes_only_if_never_confirmed(published: b
     await p.process(msgs(auth_message("T1")))
     await p.confirmations.flush()
     if not published:
-        r = store.records["T1"]
-        store.records["T1"] = StoredResult(*[getattr(r, f) for f in r.__slots__][:-1], False)
+        store.records["T1"] = replace(store.records["T1"], published=False)  # receipt lost
     cache.data.clear()
     await p.process(msgs(auth_message("T1")))
     assert len(sender.sent) == (1 if published else 2)
     assert store.commits == 1
+    await p.confirmations.flush()
+    # A republished record is confirmed on its own: its batch's other records were not
+    # republished, so no receipt is made for that batch.
+    assert store.published == ([] if published else ["T1"])
