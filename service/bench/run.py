@@ -367,7 +367,20 @@ class Bench:
         producer.flush(30)
         stop.set()
         reader.join()
+        seen = worker.metrics()
         assert worker.terminate() == 0
+
+        def mean(name: str, labels: str = "") -> float:
+            count = seen.get(f"{name}_count{labels}", 0.0)
+            return seen.get(f"{name}_sum{labels}", 0.0) / count if count else 0.0
+
+        # Where a batch's time went over the whole phase (all three loads), and how big batches
+        # were: the worker's own histograms.
+        self.results["latency_batch_messages_mean"] = round(mean("payauth_batch_messages"), 1)
+        self.results["latency_batch_stage_ms_mean"] = {
+            stage: round(1000 * mean("payauth_batch_stage_seconds", f'{{stage="{stage}"}}'), 2)
+            for stage in ("parse", "redis", "validate", "postgres_lookup", "postgres_commit",
+                          "publish")}
         curve = []
         for step, fraction, _ in steps[1:]:
             values = sorted(latencies[step])
