@@ -146,6 +146,9 @@ class Bench:
             "PAYAUTH_REDIS_URL": self.redis_url, "PAYAUTH_METRICS_PORT": "0",
             "PAYAUTH_LOG_LEVEL": self.log_level, "PAYAUTH_COMMIT_INTERVAL_MS": "200",
             "PAYAUTH_PURGE_INTERVAL_SECONDS": "0",
+            # An hour is plenty for the replay minutes later, and a run does not leave half
+            # a million entries in the local Redis for a day.
+            "PAYAUTH_DEDUP_TTL_SECONDS": "3600",
         })
         # Worker settings to try, e.g. BENCH_WORKER_ENV="PAYAUTH_MAX_BATCH_SIZE=1000".
         for pair in os.environ.get("BENCH_WORKER_ENV", "").split():
