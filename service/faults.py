@@ -23,6 +23,10 @@ class FaultInjector:
             return True
         return False
 
+    def armed(self, point: str) -> bool:
+        """True while ``point`` is the configured fault and has not fired yet."""
+        return self._point == point and point not in self._fired
+
     def reach(self, point: str) -> None:
         if self._point and point == self._point:
             sys.stderr.write(f'{{"event": "fault_injected", "point": "{point}"}}\n')

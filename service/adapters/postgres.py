@@ -1,24 +1,27 @@
 """The authorization store on PostgreSQL (asyncpg).
 
-One batch of new authorizations is one transaction, four round trips (plus, once its events
-are acknowledged, a receipt for the batch in ``published_batches``, many batches at a time):
+One batch of new authorizations is one statement, one round trip, committed on its own:
+``SELECT … FROM payauth_authorize(arrays, one element per authorization in offset order)``
+(migrations/004_authorize_function.sql). Inside it:
 
-    BEGIN
     SELECT … FROM accounts WHERE account_id = ANY(…) ORDER BY account_id FOR UPDATE
         -- lock the accounts (sorted, so two batches lock in the same order), read balances;
-        -- the domain decides each authorization in offset order against them
-    WITH claimed AS (INSERT INTO processed_transactions … ON CONFLICT (txn_id) DO NOTHING
-                     RETURNING txn_id),
+        -- decide each authorization in offset order against them (the rules of
+        -- service/domain/decision.py, which a test holds the function to)
+    WITH claimed AS (INSERT INTO processed_transactions … ON CONFLICT (txn_id) DO NOTHING),
          ledger  AS (INSERT INTO ledger_entries …),
          moved   AS (UPDATE accounts SET balance = balance + delta …)
-    SELECT count(*) FROM claimed
-    COMMIT
+
+Once its events are acknowledged, the batch gets a receipt in ``published_batches`` (many
+batches per statement). Before it, one more round trip reads the dedup records of the
+batch's keys (``load_stored``), outside any transaction.
 
 The claim is the unique index on ``processed_transactions.txn_id``, not a row lock: an
 INSERT of a key that another open transaction inserted waits for it, then conflicts (a
 ``SELECT … FOR UPDATE`` of a missing row would lock nothing). When fewer rows are claimed
-than sent, another replica decided some of them first: we roll back and raise
-``ClaimLost``; the caller re-reads the dedup records and sees duplicates.
+than sent, another replica decided some of them first: the function raises SQLSTATE PA409,
+the statement is rolled back, and we raise ``ClaimLost``; the caller re-reads the dedup
+records and sees duplicates.
 """
 
 from __future__ import annotations
@@ -32,11 +35,9 @@ from typing import Any
 import asyncpg
 
 from service.domain.decision import (
-    Account,
     DeclineReason,
     Result,
     StoredResult,
-    decide_in_order,
 )
 from service.domain.errors import StoreUnavailable, TransientError
 from service.domain.messages import Authorization, fingerprint_of
@@ -97,49 +98,15 @@ SELECT l.txn_id, NULL, 'APPROVED', NULL, l.account_id, abs(l.amount)::text, l.cu
    AND NOT EXISTS (SELECT 1 FROM processed_transactions p WHERE p.txn_id = l.txn_id)
 """
 
-_LOCK_ACCOUNTS = """
-SELECT account_id, balance, currency, status
-  FROM accounts
- WHERE account_id = ANY($1::text[])
- ORDER BY account_id
-   FOR UPDATE
+# Locks, decides and writes the batch, and commits on its own: one round trip
+# (migrations/004_authorize_function.sql). Raises SQLSTATE PA409 when a claim was lost.
+_AUTHORIZE = """
+SELECT result, decline_reason
+  FROM payauth_authorize($1::text[], $2::text[], $3::numeric[], $4::text[], $5::text[],
+                         $6::text[], $7::text[], $8::text[], $9::integer[], $10::bigint[],
+                         $11, $12, $13)
 """
-
-_WRITE_BATCH = """
-WITH input AS (
-    SELECT *
-      FROM unnest($1::text[], $2::text[], $3::numeric[], $4::text[], $5::text[], $6::text[],
-                  $7::text[], $8::text[], $9::text[], $10::text[], $11::numeric[],
-                  $12::integer[], $13::bigint[])
-        AS t(txn_id, account_id, amount, currency, auth_type, result, decline_reason,
-             fingerprint, correlation_id, message_id, delta, source_partition, source_offset)
-), claimed AS (
-    INSERT INTO processed_transactions
-           (txn_id, processed_at, result, decline_reason, fingerprint, account_id, amount,
-            currency, authorization_type, correlation_id, message_id, source_topic,
-            source_partition, source_offset, batch_id)
-    SELECT txn_id, $14, result, decline_reason, fingerprint, account_id, amount, currency,
-           auth_type, correlation_id, message_id, $15, source_partition, source_offset, $16
-      FROM input
-        ON CONFLICT (txn_id) DO NOTHING
-    RETURNING txn_id
-), ledger AS (
-    INSERT INTO ledger_entries (txn_id, account_id, amount, currency, type, created_at)
-    SELECT txn_id, account_id, delta, currency, auth_type, $14
-      FROM input
-     WHERE result = 'APPROVED'
-        ON CONFLICT (txn_id) DO NOTHING
-    RETURNING 1
-), moved AS (
-    UPDATE accounts a
-       SET balance = a.balance + d.delta, updated_at = $14
-      FROM (SELECT account_id, sum(delta) AS delta
-              FROM input WHERE result = 'APPROVED' GROUP BY account_id) d
-     WHERE a.account_id = d.account_id
-    RETURNING 1
-)
-SELECT (SELECT count(*) FROM claimed) AS claimed, (SELECT count(*) FROM ledger) AS ledger
-"""
+_CLAIM_LOST_SQLSTATE = "PA409"
 
 # Receipts for whole batches whose events were acknowledged, and published_at for records
 # republished one by one (decided earlier, never confirmed). One round trip.
@@ -161,6 +128,8 @@ SELECT (SELECT count(*) FROM receipts) AS receipts,
 
 def translate(exc: BaseException) -> BaseException:
     """Map an asyncpg/socket error to the service's own error (or return it unchanged)."""
+    if getattr(exc, "sqlstate", None) == _CLAIM_LOST_SQLSTATE:
+        return ClaimLost(str(exc))
     if isinstance(exc, asyncpg.UniqueViolationError):
         # Both claims use ON CONFLICT, so this is another replica's concurrent insert.
         return ClaimLost(f"unique violation on {exc.constraint_name}: another replica won")
@@ -253,55 +222,46 @@ class PostgresStore:
         """
         processed_at = datetime.now(UTC)
         batch_id = uuid.uuid4()  # its receipt, once the events are acknowledged
+        args = (
+            [a.transaction_id for a in new],
+            [a.account_id for a in new],
+            [Decimal(a.amount_text) for a in new],
+            [a.currency for a in new],
+            [a.authorization_type.value for a in new],
+            [a.fingerprint for a in new],
+            [a.correlation_id for a in new],
+            [a.message_id for a in new],
+            list(source_partitions),
+            list(source_offsets),
+            processed_at,
+            source_topic,
+            batch_id,
+        )
         try:
-            async with self._pool.acquire() as conn, conn.transaction():
-                rows = await conn.fetch(_LOCK_ACCOUNTS, sorted({a.account_id for a in new}))
-                accounts = {
-                    r["account_id"]: Account(
-                        r["account_id"], r["balance"], r["currency"], r["status"]
-                    )
-                    for r in rows
-                }
-                decisions = decide_in_order(new, accounts)
-                written = await conn.fetchrow(
-                    _WRITE_BATCH,
-                    [a.transaction_id for a in new],
-                    [a.account_id for a in new],
-                    [Decimal(a.amount_text) for a in new],
-                    [a.currency for a in new],
-                    [a.authorization_type.value for a in new],
-                    [d.result.value for d in decisions],
-                    [d.decline_reason.value if d.decline_reason else None for d in decisions],
-                    [a.fingerprint for a in new],
-                    [a.correlation_id for a in new],
-                    [a.message_id for a in new],
-                    [d.delta for d in decisions],
-                    list(source_partitions),
-                    list(source_offsets),
-                    processed_at,
-                    source_topic,
-                    batch_id,
-                )
-                assert written is not None  # a SELECT of two counts always returns a row
-                approved = sum(d.result is Result.APPROVED for d in decisions)
-                if written["claimed"] != len(new) or written["ledger"] != approved:
-                    # Leaving the block with an exception rolls the whole batch back.
-                    raise ClaimLost(
-                        f"claimed {written['claimed']} of {len(new)} (ledger "
-                        f"{written['ledger']} of {approved}); another replica decided first"
-                    )
-                if self._faults.once("rollback_once"):
-                    raise PlannedRollback("rolled back on purpose after the writes (test)")
-        except (ClaimLost, DataRejected, PlannedRollback):
+            async with self._pool.acquire() as conn:
+                if self._faults.armed("rollback_once"):
+                    # Test-only: the same call inside a transaction rolled back after it.
+                    async with conn.transaction():
+                        rows = await conn.fetch(_AUTHORIZE, *args)
+                        if self._faults.once("rollback_once"):
+                            raise PlannedRollback("rolled back on purpose after the writes")
+                else:
+                    rows = await conn.fetch(_AUTHORIZE, *args)
+        except (DataRejected, PlannedRollback):
             raise
         except Exception as exc:
             raise translate(exc) from exc
+        decisions = [
+            (Result(r["result"]),
+             DeclineReason(r["decline_reason"]) if r["decline_reason"] else None)
+            for r in rows
+        ]
         return [
             StoredResult(
                 transaction_id=a.transaction_id,
                 fingerprint=a.fingerprint,
-                result=d.result,
-                decline_reason=d.decline_reason,
+                result=result,
+                decline_reason=reason,
                 account_id=a.account_id,
                 amount_text=a.amount_text,
                 currency=a.currency,
@@ -311,7 +271,7 @@ class PostgresStore:
                 published=False,
                 batch_id=batch_id,
             )
-            for a, d in zip(new, decisions, strict=True)
+            for a, (result, reason) in zip(new, decisions, strict=True)
         ]
 
     async def mark_published(self, batch_ids: Sequence[uuid.UUID],
@@ -341,10 +301,9 @@ async def _prepare_statements(conn: asyncpg.Connection) -> None:
     empty: list[Any] = []
     try:
         await conn.fetch(_LOAD_STORED, empty)
-        await conn.fetch(_LOCK_ACCOUNTS, empty)
-        await conn.fetchrow(_WRITE_BATCH, *([empty] * 13), datetime.now(UTC), "", uuid.uuid4())
+        await conn.fetch(_AUTHORIZE, *([empty] * 10), datetime.now(UTC), "", uuid.uuid4())
         await conn.execute(_MARK_PUBLISHED, empty, empty, datetime.now(UTC))
-    except asyncpg.UndefinedTableError:
+    except (asyncpg.UndefinedTableError, asyncpg.UndefinedFunctionError):
         pass  # not migrated yet: the first batch will say so; the connection is still fine
 
 

@@ -2,7 +2,8 @@
 run on the same machine (absolute numbers on a shared 2-core machine mean little alone).
 
 Phases, each on its own topic/group in one fresh database with 10,000 accounts:
-  pgbench     the worker's own SQL for one authorization, 8 clients (the database's limit)
+  pgbench     the worker's own statement for one authorization, 8 clients (the database's
+              limit for it, one commit per authorization)
   raw         a bare confluent-kafka consumer over the input topic (Kafka's limit)
   new         one worker over a backlog of new authorizations, 12 partitions
   replay      the same backlog again after `payauth replay --to-earliest`: all duplicates
@@ -476,29 +477,22 @@ def render(r: dict[str, Any]) -> str:
 
 
 def pgbench_script() -> str:
-    """The worker's own statements (``service.adapters.postgres``) for one authorization,
-    with pgbench variables in place of the bind parameters."""
+    """The worker's own statement (``service.adapters.postgres``) for one authorization, with
+    pgbench variables in place of the bind parameters."""
     txn = "ARRAY['pgb-' || :client_id || '-' || :n]"
     acct = "ARRAY['BA-' || lpad(:acct::text, 5, '0')]"
     values = {
         1: txn, 2: acct, 3: "ARRAY[1.00]", 4: "ARRAY['EUR']", 5: "ARRAY['PURCHASE']",
-        6: "ARRAY['APPROVED']", 7: "ARRAY[NULL]::text[]", 8: "ARRAY['fp']",
-        9: "ARRAY['corr']", 10: "ARRAY['msg']", 11: "ARRAY[-1.00]", 12: "ARRAY[0]",
-        13: "ARRAY[0]", 14: "now()", 15: "'pgbench'", 16: "gen_random_uuid()",
+        6: "ARRAY['fp']", 7: "ARRAY['corr']", 8: "ARRAY['msg']", 9: "ARRAY[0]",
+        10: "ARRAY[0]", 11: "now()", 12: "'pgbench'", 13: "gen_random_uuid()",
     }
-
-    def bind(statement: str, mapping: dict[int, str]) -> str:
-        for number in sorted(mapping, reverse=True):  # $15 before $1
-            statement = statement.replace(f"${number}", mapping[number])
-        return " ".join(statement.split()) + ";"
-
+    statement = sql._AUTHORIZE
+    for number in sorted(values, reverse=True):  # $13 before $1
+        statement = statement.replace(f"${number}", values[number])
     return "\n".join([
         "\\set acct random(0, 9999)",
         "\\set n random(1, 2000000000)",
-        "BEGIN;",
-        bind(sql._LOCK_ACCOUNTS, {1: acct}),
-        bind(sql._WRITE_BATCH, values),
-        "COMMIT;",
+        " ".join(statement.split()) + ";",
         "",
     ])
 

@@ -1,0 +1,154 @@
+"""The server-side payauth_authorize (one round trip per batch) decides exactly as the domain
+reference, service/domain/decision.py, and writes nothing when a claim is lost."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from decimal import Decimal
+
+import asyncpg
+import pytest
+
+from service.adapters.postgres import ClaimLost, PostgresStore
+from service.domain.decision import Account, decide_in_order
+from service.domain.messages import Authorization, decode_authorization
+from tests.support import stack
+from tests.support.factory import auth_message, encode
+
+ACCOUNTS = [  # id, balance, currency, status
+    ("FN-A", "100.00", "EUR", "ACTIVE"),
+    ("FN-B", "50.00", "EUR", "BLOCKED"),
+    ("FN-C", "1000", "JPY", "ACTIVE"),
+    ("FN-D", "5.00", "EUR", "ACTIVE"),
+    ("FN-E", "0.00", "EUR", "ACTIVE"),
+]
+
+
+def _random_batch(rng: random.Random, tag: str, size: int) -> list[Authorization]:
+    batch = []
+    for i in range(size):
+        account = rng.choice([a[0] for a in ACCOUNTS] + ["FN-UNKNOWN"])
+        currency = rng.choice(["EUR", "EUR", "EUR", "JPY"])
+        amount = (str(rng.randint(1, 400)) if currency == "JPY"
+                  else f"{rng.randint(1, 6000) / 100:.2f}")
+        kind = "REFUND" if rng.random() < 0.2 else "PURCHASE"
+        batch.append(decode_authorization(encode(auth_message(
+            f"FN-{tag}-{i}", account_id=account, amount=amount, currency=currency,
+            authorization_type=kind))))
+    return batch
+
+
+async def _accounts(dsn: str) -> dict[str, Account]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch("SELECT account_id, balance, currency, status FROM accounts")
+        return {r["account_id"]: Account(r["account_id"], r["balance"], r["currency"].strip(),
+                                         r["status"]) for r in rows}
+    finally:
+        await conn.close()
+
+
+async def _seed(dsn: str) -> None:
+    for account_id, balance, currency, status in ACCOUNTS:
+        await stack.seed_accounts(dsn, [(account_id, balance, currency)], status=status)
+
+
+def test_the_function_decides_as_the_domain_reference(env: stack.Env) -> None:
+    async def scenario() -> None:
+        await _seed(env.dsn)
+        store = await PostgresStore.connect(env.dsn)
+        rng = random.Random(7)
+        kinds: set[tuple[str, str | None]] = set()
+        try:
+            for round_number in range(6):
+                batch = _random_batch(rng, str(round_number), 250)
+                before = await _accounts(env.dsn)
+                expected = decide_in_order(batch, before)
+                stored = await store.authorize(
+                    batch, source_topic="t", source_partitions=[0] * len(batch),
+                    source_offsets=list(range(len(batch))))
+                got = [(s.result, s.decline_reason) for s in stored]
+                assert got == [(d.result, d.decline_reason) for d in expected]
+                kinds |= {(str(r), str(w) if w else None) for r, w in got}
+                after = await _accounts(env.dsn)
+                for account_id, account in before.items():
+                    moved = sum((d.delta for a, d in zip(batch, expected, strict=True)
+                                 if a.account_id == account_id), Decimal(0))
+                    assert after[account_id].balance == account.balance + moved, account_id
+        finally:
+            await store.close()
+        # Every rule was exercised, not just approvals.
+        assert kinds == {("APPROVED", None), ("DECLINED", "INSUFFICIENT_FUNDS"),
+                         ("DECLINED", "UNKNOWN_ACCOUNT"), ("DECLINED", "ACCOUNT_BLOCKED"),
+                         ("DECLINED", "CURRENCY_MISMATCH")}
+
+    asyncio.run(scenario())
+
+
+def _auth(txn: str, account: str, amount: str, kind: str = "PURCHASE",
+          currency: str = "EUR") -> Authorization:
+    return decode_authorization(encode(auth_message(
+        txn, account_id=account, amount=amount, currency=currency, authorization_type=kind)))
+
+
+def test_the_edges_of_each_rule(env: stack.Env) -> None:
+    # In offset order, each seeing what the ones before it left.
+    edges = [
+        (_auth("E1", "FN-D", "5.00"), ("APPROVED", None)),  # exactly the balance
+        (_auth("E2", "FN-D", "0.01"), ("DECLINED", "INSUFFICIENT_FUNDS")),
+        (_auth("E3", "FN-D", "1.00", "REFUND"), ("APPROVED", None)),
+        (_auth("E4", "FN-D", "1.00"), ("APPROVED", None)),  # the refund, spent at once
+        (_auth("E5", "FN-E", "0.01"), ("DECLINED", "INSUFFICIENT_FUNDS")),
+        (_auth("E6", "FN-B", "1.00", "REFUND"), ("DECLINED", "ACCOUNT_BLOCKED")),
+        (_auth("E7", "FN-C", "1.00", "REFUND"), ("DECLINED", "CURRENCY_MISMATCH")),
+        (_auth("E8", "FN-NONE", "1.00", "REFUND"), ("DECLINED", "UNKNOWN_ACCOUNT")),
+        (_auth("E9", "FN-C", "1000", currency="JPY"), ("APPROVED", None)),
+    ]
+
+    async def scenario() -> list[tuple[str, str | None]]:
+        await _seed(env.dsn)
+        store = await PostgresStore.connect(env.dsn)
+        try:
+            batch = [a for a, _ in edges]
+            reference = decide_in_order(batch, await _accounts(env.dsn))
+            stored = await store.authorize(batch, source_topic="t",
+                                           source_partitions=[0] * len(batch),
+                                           source_offsets=list(range(len(batch))))
+            assert [(s.result, s.decline_reason) for s in stored] == [
+                (d.result, d.decline_reason) for d in reference]
+            return [(str(s.result), str(s.decline_reason) if s.decline_reason else None)
+                    for s in stored]
+        finally:
+            await store.close()
+
+    assert asyncio.run(scenario()) == [want for _, want in edges]
+    balances = {r["account_id"]: r["balance"] for r in stack.fetch(
+        env.dsn, "SELECT account_id, balance FROM accounts")}
+    assert balances["FN-D"] == Decimal("0.00") and balances["FN-C"] == Decimal("0")
+
+
+def test_a_lost_claim_writes_nothing_of_the_batch(env: stack.Env) -> None:
+    async def scenario() -> tuple[dict[str, Account], dict[str, Account]]:
+        await _seed(env.dsn)
+        store = await PostgresStore.connect(env.dsn)
+        try:
+            first = _random_batch(random.Random(1), "first", 20)
+            await store.authorize(first, source_topic="t", source_partitions=[0] * 20,
+                                  source_offsets=list(range(20)))
+            balances = await _accounts(env.dsn)
+            second = [*_random_batch(random.Random(2), "second", 20), first[5]]
+            with pytest.raises(ClaimLost):
+                await store.authorize(second, source_topic="t", source_partitions=[0] * 21,
+                                      source_offsets=list(range(21)))
+        finally:
+            await store.close()
+        return balances, await _accounts(env.dsn)
+
+    before, after = asyncio.run(scenario())
+    assert after == before
+    rows = stack.fetch(env.dsn, "SELECT txn_id FROM processed_transactions "
+                                "WHERE txn_id LIKE 'FN-second-%'")
+    ledger = stack.fetch(env.dsn, "SELECT txn_id FROM ledger_entries "
+                                  "WHERE txn_id LIKE 'FN-second-%'")
+    assert rows == [] and ledger == []
