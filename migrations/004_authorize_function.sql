@@ -28,7 +28,6 @@ CREATE OR REPLACE FUNCTION payauth_authorize(
     p_batch_id         uuid
 ) RETURNS TABLE (result text, decline_reason text)
 LANGUAGE plpgsql
-SET search_path = public, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE

@@ -164,7 +164,7 @@ def _tune_garbage_collector() -> None:
     """
     gc.collect()
     gc.freeze()
-    gc.set_threshold(20_000, 50, 1_000)
+    gc.set_threshold(20_000, 10, 10)
 
 
 async def _heartbeat(

@@ -30,4 +30,13 @@ def test_bench_smoke_writes_every_key_and_verify_holds(live_stack, tmp_path) -> 
     assert results["verify_ok"] is True and results["mode"] == "smoke"
     assert all(results[k] > 0 for k in KEYS if k not in ("p50_ms", "p99_ms"))
     assert results["latency_samples"] > 0
+    # Every event of the latency phase came back; the curve has its three loads; the worker's
+    # own account of where a batch's time went is there.
+    assert results["latency_events_missing"] == 0
+    assert [step["load"] for step in results["latency_curve"]] == ["70%", "50%", "25%"]
+    assert all(step["samples"] > 0 for step in results["latency_curve"])
+    assert set(results["latency_batch_stage_ms_mean"]) == {
+        "parse", "redis", "validate", "postgres_lookup", "postgres_commit", "publish"}
+    assert results["latency_batch_messages_mean"] >= 1
+    assert len(results["replay_runs_per_s"]) == 1
     assert "verify: all invariants hold" in result.stdout
