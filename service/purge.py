@@ -12,25 +12,25 @@ import structlog
 
 log = structlog.get_logger(__name__)
 
-_DELETE_BATCH = """
-DELETE FROM processed_transactions
- WHERE txn_id IN (SELECT txn_id FROM processed_transactions
-                   WHERE processed_at < now() - make_interval(hours => $1)
-                   ORDER BY processed_at
-                   LIMIT $2
-                     FOR UPDATE SKIP LOCKED)
+
+
+def _delete_expired(table: str, key: str, age: str) -> str:
+    """One bounded batch of ``table``'s rows older than the window ($1 hours, $2 rows); the
+    names are this module's constants, never input."""
+    return f"""
+DELETE FROM {table}
+ WHERE {key} IN (SELECT {key} FROM {table}
+                  WHERE {age} < now() - make_interval(hours => $1)
+                  ORDER BY {age}
+                  LIMIT $2
+                    FOR UPDATE SKIP LOCKED)
 """
 
+
+_DELETE_RECORDS = _delete_expired("processed_transactions", "txn_id", "processed_at")
 # Publication receipts of the same age: every record that relied on one is older still
 # (processed before its batch was published), so it has been purged just before.
-_DELETE_RECEIPTS = """
-DELETE FROM published_batches
- WHERE batch_id IN (SELECT batch_id FROM published_batches
-                     WHERE published_at < now() - make_interval(hours => $1)
-                     ORDER BY published_at
-                     LIMIT $2
-                       FOR UPDATE SKIP LOCKED)
-"""
+_DELETE_RECEIPTS = _delete_expired("published_batches", "batch_id", "published_at")
 
 # Only one replica purges at a time; the others skip the round.
 _PURGE_LOCK = 0x7061_7970_7572_6765  # "paypurge"
@@ -48,28 +48,28 @@ async def purge(
     if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", _PURGE_LOCK):
         log.info("purge_skipped", reason="another purge is running")
         return 0
-    total = 0
-    receipts = 0
     batches = 0
     started = time.monotonic()
-    try:
+
+    async def delete_expired(statement: str, table: str, pause: float) -> int:
+        nonlocal batches
+        total = 0
         while max_batches is None or batches < max_batches:
-            status = await conn.execute(_DELETE_BATCH, retention_hours, batch_size)
+            status = await conn.execute(statement, retention_hours, batch_size)
             deleted = int(status.split()[-1])
             total += deleted
             batches += 1
             if deleted:
-                log.info("purge_progress", deleted=total, batches=batches)
+                log.info("purge_progress", table=table, deleted=total, batches=batches)
             if deleted < batch_size:
                 break
-            if pause_seconds:  # let the worker's own transactions breathe between batches
-                await asyncio.sleep(pause_seconds)
-        while max_batches is None or batches < max_batches:
-            status = await conn.execute(_DELETE_RECEIPTS, retention_hours, batch_size)
-            receipts += int(status.split()[-1])
-            batches += 1
-            if int(status.split()[-1]) < batch_size:
-                break
+            if pause:  # let the worker's own transactions breathe between batches
+                await asyncio.sleep(pause)
+        return total
+
+    try:
+        total = await delete_expired(_DELETE_RECORDS, "processed_transactions", pause_seconds)
+        receipts = await delete_expired(_DELETE_RECEIPTS, "published_batches", 0.0)
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1)", _PURGE_LOCK)
     log.info("purge_done", deleted=total, receipts_deleted=receipts, batches=batches,
