@@ -17,24 +17,25 @@ def admin_dsn(dsn: str, database: str = "postgres") -> str:
     return dsn.rsplit("/", 1)[0] + "/" + database
 
 
-async def create_database(dsn: str, name: str) -> str:
-    """Create database ``name`` on ``dsn``'s server, migrate it, return its DSN."""
+async def _on_server(dsn: str, statement: str) -> None:
+    """Run ``statement`` on ``dsn``'s server, from its maintenance database."""
     conn = await asyncpg.connect(admin_dsn(dsn))
     try:
-        await conn.execute(f'CREATE DATABASE "{name}"')
+        await conn.execute(statement)
     finally:
         await conn.close()
+
+
+async def create_database(dsn: str, name: str) -> str:
+    """Create database ``name`` on ``dsn``'s server, migrate it, return its DSN."""
+    await _on_server(dsn, f'CREATE DATABASE "{name}"')
     target = admin_dsn(dsn, name)
     await migrate(target)
     return target
 
 
 async def drop_database(dsn: str, name: str) -> None:
-    conn = await asyncpg.connect(admin_dsn(dsn))
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await conn.close()
+    await _on_server(dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def create_topics(bootstrap: str, partitions: dict[str, int]) -> None:

@@ -4,7 +4,7 @@ two batches at once; revoking drops what waits and lets what runs finish."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from service.adapters.kafka import OffsetTracker
@@ -24,6 +24,21 @@ class Msg:
 
     def offset(self) -> int:
         return self.off
+
+
+class FirstCallThenDone:
+    """A processor whose first call runs ``first`` (hang, fail); later calls succeed."""
+
+    def __init__(self, first: Callable[[], Awaitable[None]]) -> None:
+        self.first = first
+        self.calls = 0
+        self.done: list[Msg] = []
+
+    async def process(self, msgs: Sequence[Msg]) -> None:
+        self.calls += 1
+        if self.calls == 1:
+            await self.first()
+        self.done.extend(msgs)
 
 
 class Recorder:
@@ -96,18 +111,10 @@ async def test_a_cancelled_batch_gives_back_the_partitions_it_keeps() -> None:
     cancelled, partition 1's messages go back to its queue in order and are processed;
     nothing after them is processed first (or its offset would skip them)."""
 
-    class StuckOnce:
-        def __init__(self) -> None:
-            self.calls = 0
-            self.done: list[Msg] = []
+    async def stuck() -> None:
+        await asyncio.sleep(3600)  # e.g. retrying against an unreachable database
 
-        async def process(self, msgs: Sequence[Msg]) -> None:
-            self.calls += 1
-            if self.calls == 1:
-                await asyncio.sleep(3600)  # e.g. retrying against an unreachable database
-            self.done.extend(msgs)
-
-    processor, tracker = StuckOnce(), OffsetTracker()
+    processor, tracker = FirstCallThenDone(stuck), OffsetTracker()
     dispatcher = Dispatcher(processor, tracker, max_batch=100, close_timeout=0.05,
                             max_in_flight=1)
     dispatcher.submit(("t", 0), [Msg(0, 0), Msg(0, 1)])
@@ -125,18 +132,10 @@ async def test_after_a_failed_batch_nothing_later_on_its_partitions_is_processed
     """A batch that fails with an unexpected error stops the dispatcher: a later batch on the
     same partition would store an offset past the failed messages (a loss)."""
 
-    class FailOnce:
-        def __init__(self) -> None:
-            self.calls = 0
-            self.done: list[Msg] = []
+    async def fail() -> None:
+        raise RuntimeError("unexpected")
 
-        async def process(self, msgs: Sequence[Msg]) -> None:
-            self.calls += 1
-            if self.calls == 1:
-                raise RuntimeError("unexpected")
-            self.done.extend(msgs)
-
-    processor, tracker = FailOnce(), OffsetTracker()
+    processor, tracker = FirstCallThenDone(fail), OffsetTracker()
     dispatcher = Dispatcher(processor, tracker, max_batch=2, close_timeout=1, max_in_flight=1)
     dispatcher.submit(("t", 0), [Msg(0, 0), Msg(0, 1), Msg(0, 2), Msg(0, 3)])
     await asyncio.sleep(0.05)
