@@ -236,14 +236,18 @@ class Chaos:
             if worker is not None:
                 worker.signal(signal.SIGKILL)
 
+        def replace_victim(fault_point: str) -> tuple[int, WorkerProcess]:
+            """Hold a random slot, kill its worker, start one there armed with a fault."""
+            slot = victim()
+            sup.hold(slot)
+            worker = sup.slots[slot]
+            if worker is not None:
+                worker.kill()
+            return slot, sup.spawn(slot, PAYAUTH_FAULT_POINT=fault_point)
+
         def kill_at(point: str) -> Callable[[], None]:
             def fault() -> None:
-                slot = victim()
-                sup.hold(slot)
-                worker = sup.slots[slot]
-                if worker is not None:
-                    worker.kill()
-                doomed = sup.spawn(slot, PAYAUTH_FAULT_POINT=point)
+                slot, doomed = replace_victim(point)
                 try:
                     doomed.wait_exit(30)  # dies by itself at the point, on its first batch
                 except subprocess.TimeoutExpired:
@@ -280,12 +284,7 @@ class Chaos:
                 extra.kill()
 
         def rollback() -> None:
-            slot = victim()
-            sup.hold(slot)
-            worker = sup.slots[slot]
-            if worker is not None:
-                worker.kill()
-            sup.spawn(slot, PAYAUTH_FAULT_POINT="rollback_once")
+            slot, _ = replace_victim("rollback_once")
             sup.release(slot)
 
         return {
@@ -299,31 +298,25 @@ class Chaos:
         }
 
     def infra_faults(self) -> dict[str, Callable[[], None]]:
-        def redis_stop() -> None:
-            self.redis.stop()
-            time.sleep(self.rng.uniform(2, 6))
-            self.redis.start()
+        def outage(begin: Callable[[], None], end: Callable[[], None],
+                   longest: float) -> Callable[[], None]:
+            """``begin``, then 2 to ``longest`` seconds (seeded), then ``end``."""
+            def fault() -> None:
+                begin()
+                time.sleep(self.rng.uniform(2, longest))
+                end()
+            return fault
 
         def redis_restart() -> None:
             self.redis.stop()
             self.redis.start()
 
-        def pg_pause() -> None:
-            self.proxy.pause()
-            time.sleep(self.rng.uniform(2, 6))
-            self.proxy.resume()
-
-        def pg_unreachable() -> None:
-            self.proxy.cut()
-            time.sleep(self.rng.uniform(2, 5))
-            self.proxy.restore()
-
         faults: dict[str, Callable[[], None]] = {
-            "redis_stopped": redis_stop,
+            "redis_stopped": outage(self.redis.stop, self.redis.start, 6),
             "redis_flushed": self.redis.flush,
             "redis_restarted": redis_restart,
-            "postgres_paused": pg_pause,
-            "postgres_unreachable": pg_unreachable,
+            "postgres_paused": outage(self.proxy.pause, self.proxy.resume, 6),
+            "postgres_unreachable": outage(self.proxy.cut, self.proxy.restore, 5),
         }
         if self.pg_ours:
             faults["postgres_restarted"] = lambda: _stack("restart-postgres")
