@@ -52,12 +52,7 @@ from service.domain.errors import (
     TransientError,
 )
 from service.domain.events import encode_event, result_event
-from service.domain.messages import (
-    Authorization,
-    parse_authorization,
-    redelivery_key,
-    validate_authorization,
-)
+from service.domain.messages import Authorization, decode_authorization, redelivery_key
 from service.faults import FaultInjector
 
 log = structlog.get_logger(__name__)
@@ -189,8 +184,8 @@ class BatchProcessor:
                 plan.outcomes.append((msg, Outcome.DUPLICATE, "redis", key[0], None))
                 continue
             try:
-                document = parse_authorization(msg.value(), max_bytes=self._max_bytes)
-                to_store.append((msg, validate_authorization(document)))
+                to_store.append((msg, decode_authorization(msg.value(),
+                                                           max_bytes=self._max_bytes)))
             except InvalidMessage as exc:
                 self._invalid(plan, msg, exc)
         stage.lap("validate")

@@ -1,9 +1,9 @@
 """Decoding and validating an authorization request into exact values.
 
 ``decode_authorization(raw)`` either returns an ``Authorization`` or raises
-``InvalidMessage`` with a dead-letter reason, in two steps: ``parse_authorization`` (size,
-UTF-8, strict JSON, card data) and ``validate_authorization`` (the schema). Before both, the
-worker reads ``redelivery_key`` to recognise a redelivery at a fraction of their cost.
+``InvalidMessage`` with a dead-letter reason, in two steps: ``_parse`` (size, UTF-8, strict
+JSON, card data) and ``_validate`` (the schema). Before it, the worker reads
+``redelivery_key`` to recognise a redelivery at a fraction of the cost.
 
 Amounts never pass through ``float``: ``json.loads`` is told to build ``Decimal``s and to
 refuse ``NaN``/``Infinity`` outright (it would otherwise turn them into floats even with
@@ -197,7 +197,7 @@ def _describe(exc: ValidationError) -> str:
 
 def redelivery_key(raw: bytes | None, *, max_bytes: int = 65_536) -> tuple[str, str] | None:
     """(transaction_id, fingerprint of the key fields as sent), read cheaply, for a message
-    that ``parse_authorization`` would accept and read the same way; None whenever in doubt
+    that ``decode_authorization`` would accept and read the same way; None whenever in doubt
     (the message then takes the full path).
 
     This is what lets a replay skip the strict parser and the schema check: a fingerprint
@@ -235,7 +235,7 @@ def redelivery_key(raw: bytes | None, *, max_bytes: int = 65_536) -> tuple[str, 
     return txn_id, fingerprint_of(account, amount, currency, auth_type)
 
 
-def parse_authorization(raw: bytes | None, *, max_bytes: int = 65_536) -> dict[str, Any]:
+def _parse(raw: bytes | None, *, max_bytes: int = 65_536) -> dict[str, Any]:
     """Size, encoding, JSON and card-data checks; raises ``InvalidMessage``."""
     if raw is None:
         raise InvalidMessage(DeadLetterReason.INVALID_JSON, "empty message (null value)")
@@ -271,10 +271,10 @@ def parse_authorization(raw: bytes | None, *, max_bytes: int = 65_536) -> dict[s
 
 
 def decode_authorization(raw: bytes | None, *, max_bytes: int = 65_536) -> Authorization:
-    return validate_authorization(parse_authorization(raw, max_bytes=max_bytes))
+    return _validate(_parse(raw, max_bytes=max_bytes))
 
 
-def validate_authorization(document: dict[str, Any]) -> Authorization:
+def _validate(document: dict[str, Any]) -> Authorization:
     """The schema and the amount rules; raises ``InvalidMessage`` (SCHEMA_VIOLATION)."""
     try:
         envelope = _Envelope.model_validate(document)
