@@ -197,7 +197,7 @@ def _describe(exc: ValidationError) -> str:
 
 def redelivery_key(raw: bytes | None, *, max_bytes: int = 65_536) -> tuple[str, str] | None:
     """(transaction_id, fingerprint of the key fields as sent), read cheaply, for a message
-    that ``decode_authorization`` would accept and read the same way; None whenever in doubt
+    that the strict parser (``_parse``) would accept and read the same way; None whenever in doubt
     (the message then takes the full path).
 
     This is what lets a replay skip the strict parser and the schema check: a fingerprint
