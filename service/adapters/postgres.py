@@ -26,6 +26,7 @@ records and sees duplicates.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -244,15 +245,14 @@ class PostgresStore:
             batch_id,
         )
         try:
-            async with self._pool.acquire() as conn:
-                if self._faults.armed("rollback_once"):
-                    # Test-only: the same call inside a transaction rolled back after it.
-                    async with conn.transaction():
-                        rows = await conn.fetch(_AUTHORIZE, *args)
-                        if self._faults.once("rollback_once"):
-                            raise PlannedRollback("rolled back on purpose after the writes")
-                else:
-                    rows = await conn.fetch(_AUTHORIZE, *args)
+            # The call commits on its own; only the test-only planned rollback wraps it in a
+            # transaction, to undo it after the writes.
+            armed = self._faults.armed("rollback_once")
+            async with self._pool.acquire() as conn, (
+                    conn.transaction() if armed else contextlib.nullcontext()):
+                rows = await conn.fetch(_AUTHORIZE, *args)
+                if armed and self._faults.once("rollback_once"):
+                    raise PlannedRollback("rolled back on purpose after the writes")
         except (DataRejected, PlannedRollback):
             raise
         except Exception as exc:
