@@ -118,7 +118,7 @@ class RedisDedupCache:
 
     # ------------------------------------------------------------- operations
     async def get_many(self, txn_ids: Sequence[str]) -> dict[str, str]:
-        """Fingerprints known for these transactions (one pipelined round trip). Unknown ones
+        """Fingerprints known for these transactions (one script call). Unknown ones
         are absent; Redis down means everything is absent."""
         if not txn_ids or self._skipping():
             return {}
