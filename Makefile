@@ -9,7 +9,7 @@ PAYAUTH := $(VENV)/bin/payauth
 BENCH_OUT ?= .bench/results.json
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv stack-up stack-down stack-status migrate run demo test test-unit \
+.PHONY: help venv stack-up stack-down stack-status test-tools migrate run demo test test-unit \
         test-integration test-e2e check lint types bench chaos lock clean
 
 help: ## list the targets
@@ -31,6 +31,9 @@ stack-up: venv ## start Kafka, PostgreSQL and Redis locally (no Docker), reuse w
 stack-down: ## stop what stack-up started
 	@deploy/local/stack.sh down
 
+test-tools: ## install what the tests call besides the stack (promtool), if missing
+	@deploy/local/stack.sh tools
+
 stack-status: ## which stack services answer
 	@deploy/local/stack.sh status
 
@@ -43,10 +46,10 @@ run: venv ## one worker in the foreground (configure with PAYAUTH_* variables)
 demo: stack-up migrate ## the main job end to end: two workers, duplicates, DLQ, summary, verify
 	@PAYAUTH_LOG_LEVEL=WARNING $(PAYAUTH) demo
 
-test: stack-up ## every test tier (unit, integration, e2e, a short chaos run) on the local stack
+test: stack-up test-tools ## every test tier (unit, integration, e2e, a short chaos run) on the local stack
 	@$(PY) -m pytest -q tests/unit tests/integration tests/e2e tests/chaos
 
-test-unit: venv ## unit tests only (no services needed)
+test-unit: venv test-tools ## unit tests only (no services needed)
 	@$(PY) -m pytest -q tests/unit
 
 test-integration: stack-up ## integration tests (real Kafka, PostgreSQL, Redis)

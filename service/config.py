@@ -6,7 +6,9 @@ A bad value stops start-up with one line naming the variable (see ``load_setting
 from __future__ import annotations
 
 import socket
+from decimal import Decimal
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -45,6 +47,9 @@ class Settings(BaseSettings):
     kafka_sasl_oauthbearer_client_secret: SecretStr = SecretStr("")
     kafka_sasl_oauthbearer_token_endpoint_url: str = ""
     kafka_sasl_oauthbearer_scope: str = ""
+    # librdkafka repeats a connection error many times a second: the worker logs each kind
+    # once per this many seconds, with how often it was repeated meanwhile.
+    kafka_log_interval_seconds: float = Field(default=30.0, gt=0)
     session_timeout_ms: int = Field(default=45_000, ge=6_000, le=300_000)
     max_poll_interval_ms: int = Field(default=300_000, ge=10_000)
 
@@ -69,6 +74,17 @@ class Settings(BaseSettings):
     # PostgreSQL and Kafka with the next one's work.
     max_concurrent_batches: int = Field(default=3, ge=1, le=16)
     max_message_bytes: int = Field(default=65_536, ge=1_024)
+    # The largest REFUND decided without a person: a larger one is dead-lettered
+    # (LIMIT_EXCEEDED) for a check and a redrive. A credit needs no funds, so without a
+    # bound one message could credit any sum.
+    max_refund_amount: Decimal = Field(default=Decimal("10000"), gt=0, allow_inf_nan=False)
+    # The producer's message.max.bytes: the largest record the worker sends. A dead letter
+    # larger than this (or than the dead-letter topic's max.message.bytes, read at start)
+    # carries a preview and the original's size and hash instead of the whole original.
+    kafka_message_max_bytes: int = Field(default=1_000_000, ge=65_536, le=100_000_000)
+    # A partition whose oldest unfinished message is older than this makes /readyz fail,
+    # naming it (payauth_oldest_unfinished_seconds shows the age).
+    stalled_partition_seconds: float = Field(default=120.0, gt=0)
     commit_interval_ms: int = Field(default=1_000, ge=100)
     delivery_timeout_ms: int = Field(default=30_000, ge=1_000)
     retry_backoff_initial_ms: int = Field(default=100, ge=1)
@@ -97,20 +113,37 @@ class Settings(BaseSettings):
 
     @field_validator("database_url")
     @classmethod
-    def _postgres_scheme(cls, value: SecretStr) -> SecretStr:
-        if not value.get_secret_value().startswith(("postgresql://", "postgres://")):
+    def _postgres_url(cls, value: SecretStr) -> SecretStr:
+        url = value.get_secret_value()
+        if not url.startswith(("postgresql://", "postgres://")):
             raise ValueError("must start with postgresql://")
+        # libpq's form: [user[:password]@]host[:port][,host[:port]…][/database][?…]
+        hosts = urlsplit(url).netloc.rpartition("@")[2]
+        for host in hosts.split(","):
+            _check_port(host.rpartition("]")[2] if host.startswith("[") else host)
         return value
 
     @field_validator("redis_url")
     @classmethod
-    def _redis_scheme(cls, value: SecretStr) -> SecretStr:
-        if not value.get_secret_value().startswith(("redis://", "rediss://", "unix://")):
+    def _redis_url(cls, value: SecretStr) -> SecretStr:
+        url = value.get_secret_value()
+        if not url.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("must start with redis:// or rediss://")
+        if not url.startswith("unix://"):
+            hosts = urlsplit(url).netloc.rpartition("@")[2]
+            _check_port(hosts.rpartition("]")[2] if hosts.startswith("[") else hosts)
         return value
 
     def instance_id(self) -> str:
         return self.group_instance_id or socket.gethostname()
+
+
+def _check_port(host_port: str) -> None:
+    """``host:port`` (or ``host``, or ``:port`` after an IPv6 address): a port, if any, is a
+    number from 1 to 65535. The message quotes nothing of the URL (it may hold a password)."""
+    _, colon, port = host_port.rpartition(":")
+    if colon and port and not (port.isascii() and port.isdigit() and 0 < int(port) < 65_536):
+        raise ValueError("has a port that is not a number from 1 to 65535")
 
 
 def load_settings(**overrides: object) -> Settings:

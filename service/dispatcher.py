@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import deque
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -53,6 +54,9 @@ class Dispatcher:
         self._closed = False
         self._failure: BaseException | None = None
         self._rotation = 0  # which partition goes first, so no partition starves
+        # Per partition, each hand-off not yet finished: (its last offset, when it came).
+        # The first one's age is the age of the partition's oldest unfinished message.
+        self._arrivals: dict[TP, deque[tuple[int, float]]] = {}
 
     # ------------------------------------------------------------ consumer side
     def submit(self, tp: TP, msgs: list[Any]) -> None:
@@ -60,6 +64,7 @@ class Dispatcher:
         if self._closed:
             return
         self._pending.setdefault(tp, deque()).extend(msgs)
+        self._arrivals.setdefault(tp, deque()).append((msgs[-1].offset(), time.monotonic()))
         self._start_batches()
 
     async def revoke(self, tps: list[TP], *, lost: bool) -> None:
@@ -69,6 +74,7 @@ class Dispatcher:
         revoked = set(tps)
         for tp in tps:
             self._pending.pop(tp, None)
+            self._arrivals.pop(tp, None)
         touching = {t: b for t, b in self._batches.items() if set(b[0]) & revoked}
         if not touching:
             return
@@ -107,6 +113,12 @@ class Dispatcher:
 
     def failed(self) -> BaseException | None:
         return self._failure
+
+    def oldest_unfinished(self) -> dict[TP, float]:
+        """Seconds since the oldest message not yet finished arrived, per partition that has
+        one: grows without bound on a partition that cannot make progress."""
+        now = time.monotonic()
+        return {tp: now - q[0][1] for tp, q in self._arrivals.items() if q}
 
     # -------------------------------------------------------------- batching
     def _start_batches(self) -> None:
@@ -148,6 +160,9 @@ class Dispatcher:
                 last[tp] = (msg.offset() + 1, count + 1)
             for tp, (next_offset, count) in last.items():
                 self._tracker.done(tp, next_offset, count)
+                arrivals = self._arrivals.get(tp)
+                while arrivals and arrivals[0][0] < next_offset:
+                    arrivals.popleft()
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a bug, not a transient fault: the worker stops on it

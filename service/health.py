@@ -1,8 +1,12 @@
 """Liveness and readiness, and the HTTP endpoint that serves them with ``/metrics``.
 
 - ``/healthz``: the consumer thread and the event loop both ticked recently (a stuck poll
-  loop or a blocked event loop fails it, and the orchestrator restarts the pod).
-- ``/readyz``: partitions are assigned and PostgreSQL answers.
+  loop or a blocked event loop fails it, and the orchestrator restarts the pod), and some
+  Kafka broker was reachable within ``kafka_down_limit`` seconds (a worker that has never
+  reached the cluster, e.g. a wrong bootstrap address, says so instead of looking healthy).
+- ``/readyz``: a Kafka broker is reachable, partitions are assigned, PostgreSQL answers, and
+  no partition's oldest unfinished message is older than the stall limit (named in the
+  answer).
 """
 
 from __future__ import annotations
@@ -25,12 +29,27 @@ class Health:
         self._loop_tick = now
         self._assigned: list[tuple[str, int]] = []
         self.postgres_ok = False
+        # Partitions whose oldest unfinished message is older than the stall limit.
+        self.stalled: list[int] = []
+        self._kafka_down_since: float | None = None
+        self.kafka_down_limit = 120.0
 
     def consumer_heartbeat(self) -> None:
         self._consumer_tick = time.monotonic()
 
     def loop_heartbeat(self) -> None:
         self._loop_tick = time.monotonic()
+
+    def kafka_reachable(self, reachable: bool) -> None:
+        """From the client's statistics: is any broker connection up?"""
+        if reachable:
+            self._kafka_down_since = None
+        elif self._kafka_down_since is None:
+            self._kafka_down_since = time.monotonic()
+
+    def kafka_down_for(self) -> float:
+        since = self._kafka_down_since
+        return 0.0 if since is None else time.monotonic() - since
 
     def set_assigned(self, partitions: list[tuple[str, int]]) -> None:
         self._assigned = list(partitions)
@@ -45,16 +64,22 @@ class Health:
             return False, "kafka poll loop stuck"
         if now - self._loop_tick > STALE_AFTER_SECONDS:
             return False, "event loop stuck"
+        if self.kafka_down_for() > self.kafka_down_limit:
+            return False, f"no Kafka broker reachable for {self.kafka_down_for():.0f} s"
         return True, "ok"
 
     def ready(self) -> tuple[bool, str]:
         live, why = self.live()
         if not live:
             return False, why
+        if self.kafka_down_for() > 0:
+            return False, f"no Kafka broker reachable for {self.kafka_down_for():.0f} s"
         if not self._assigned:
             return False, "no partitions assigned"
         if not self.postgres_ok:
             return False, "postgresql not answering"
+        if self.stalled:
+            return False, f"partitions not making progress: {sorted(self.stalled)}"
         return True, "ok"
 
 

@@ -1,16 +1,33 @@
-"""structlog set-up: JSON lines (or console), context bound per message with contextvars."""
+"""structlog set-up: JSON lines (or console), context bound per message with contextvars;
+card numbers masked in every line; librdkafka's own log lines routed through it."""
 
 from __future__ import annotations
 
 import logging
 import sys
+import threading
+import time
+from typing import Any
 
 import orjson
 import structlog
 
+from service.domain.pan import has_long_digit_run, redact
+
 
 def _dumps(value: object, default: object = None) -> str:
     return orjson.dumps(value, default=default).decode()  # type: ignore[arg-type]  # callable
+
+
+def _mask_card_numbers(_logger: object, _method: str,
+                       event: structlog.types.EventDict) -> structlog.types.EventDict:
+    """The last door out: any top-level text field with a 13+ digit run is masked (error
+    texts from libraries may quote an input; the fields the service builds never do)."""
+    for key, value in event.items():
+        if type(value) is str and len(value) >= 13 and (
+                has_long_digit_run(value.encode("utf-8", "replace")) or not value.isascii()):
+            event[key] = redact(value)
+    return event
 
 
 def configure_logging(fmt: str = "json", level: str = "INFO") -> None:
@@ -27,9 +44,63 @@ def configure_logging(fmt: str = "json", level: str = "INFO") -> None:
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
+            _mask_card_numbers,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level)),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
+
+
+class RateLimitedLog:
+    """At most one line per kind per ``interval`` seconds; the next one says how many were
+    left out meanwhile (``repeated``). For errors a library repeats many times a second
+    while a dependency is away: the first says so at once, the rest once per interval."""
+
+    def __init__(self, logger: Any, interval: float) -> None:
+        self._log = logger
+        self._interval = interval
+        self._lock = threading.Lock()
+        self._last: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+
+    def emit(self, kind: str, event: str, level: str = "warning", **fields: Any) -> None:
+        now = time.monotonic()
+        with self._lock:
+            last = self._last.get(kind)
+            if last is not None and now - last < self._interval:
+                self._suppressed[kind] = self._suppressed.get(kind, 0) + 1
+                return
+            self._last[kind] = now
+            repeated = self._suppressed.pop(kind, 0)
+        if repeated:
+            fields["repeated"] = repeated
+        getattr(self._log, level)(event, **fields)
+
+
+class _LibrdkafkaHandler(logging.Handler):
+    """librdkafka's log lines (``"%s [%s] %s"``: facility, client, text) as the service's
+    own ``kafka_client_log`` lines, one per facility and level per interval."""
+
+    def __init__(self, interval: float) -> None:
+        super().__init__(logging.DEBUG)
+        self._lines = RateLimitedLog(structlog.get_logger("librdkafka"), interval)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        args = record.args if isinstance(record.args, tuple) else ()
+        facility, text = (str(args[0]), str(args[2])) if len(args) == 3 else ("", record.msg)
+        level = "error" if record.levelno >= logging.ERROR else (
+            "warning" if record.levelno >= logging.WARNING else "info")
+        self._lines.emit(f"{facility}:{level}", "kafka_client_log", level=level,
+                         facility=facility, text=redact(str(text))[:500])
+
+
+def librdkafka_logger(interval: float) -> logging.Logger:
+    """The logger to give librdkafka (its ``logger`` setting), shared by every client."""
+    logger = logging.getLogger("payauth.librdkafka")
+    if not logger.handlers:
+        logger.addHandler(_LibrdkafkaHandler(interval))
+        logger.propagate = False
+        logger.setLevel(logging.INFO)
+    return logger

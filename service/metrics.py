@@ -84,7 +84,15 @@ events_published_total = Counter(
 retries_total = Counter(
     "payauth_retries_total",
     "Batches retried after a transient failure, by cause.",
-    ["cause"],  # store_unavailable, claim_lost, transient, publish_failed
+    # store_unavailable, claim_lost, transient, publish_failed, unexpected, isolate
+    ["cause"],
+    registry=REGISTRY,
+)
+oldest_unfinished_seconds = Gauge(
+    "payauth_oldest_unfinished_seconds",
+    "Age of the oldest message taken from the partition and not yet finished (0 when none):"
+    " a partition that cannot make progress shows here.",
+    ["partition"],
     registry=REGISTRY,
 )
 assigned_partitions = Gauge(

@@ -34,6 +34,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Protocol
 from uuid import UUID
 
@@ -42,7 +43,7 @@ import structlog
 from service import metrics
 from service.adapters.kafka import Record
 from service.adapters.postgres import ClaimLost, DataRejected
-from service.dead_letter import SourceMessage, dead_letter_headers
+from service.dead_letter import SourceMessage, dead_letter_payload
 from service.domain.decision import Kind, Outcome, Result, StoredResult, classify
 from service.domain.errors import (
     DeadLetterReason,
@@ -52,10 +53,21 @@ from service.domain.errors import (
     TransientError,
 )
 from service.domain.events import encode_event, result_event
-from service.domain.messages import Authorization, decode_authorization, redelivery_key
+from service.domain.messages import (
+    DEFAULT_MAX_REFUND,
+    Authorization,
+    decode_authorization,
+    redelivery_key,
+)
+from service.domain.pan import redact
 from service.faults import FaultInjector
 
 log = structlog.get_logger(__name__)
+
+# The dead-letter topic's record limit when nothing better is known: librdkafka's default
+# message.max.bytes. The worker passes what it read from the producer and the topic.
+DEFAULT_DEAD_LETTER_BYTES = 1_000_000
+MIN_DEAD_LETTER_BYTES = 16_384
 
 
 class Message(SourceMessage, Protocol):
@@ -64,6 +76,7 @@ class Message(SourceMessage, Protocol):
 
 
 class Store(Protocol):
+    async def ping(self) -> bool: ...
     async def load_stored(self, txn_ids: Sequence[str]) -> dict[str, StoredResult]: ...
     async def authorize(
         self,
@@ -119,8 +132,11 @@ class BatchProcessor:
         *,
         faults: FaultInjector | None = None,
         max_message_bytes: int = 65_536,
+        max_refund: Decimal = DEFAULT_MAX_REFUND,
+        dead_letter_max_bytes: int = DEFAULT_DEAD_LETTER_BYTES,
         backoff_initial: float = 0.1,
         backoff_max: float = 10.0,
+        poison_attempts: int = 3,
         unsafe_redis_before_commit: bool = False,
     ) -> None:
         self._store = store
@@ -129,6 +145,12 @@ class BatchProcessor:
         self._topics = topics
         self._faults = faults or FaultInjector("")
         self._max_bytes = max_message_bytes
+        self._max_refund = max_refund
+        self._dead_letter_limit = dead_letter_max_bytes
+        self._poison_attempts = poison_attempts
+        # (topic, partition, offset) → why: messages that failed every attempt, to be
+        # dead-lettered by the next run of their (one-message) batch.
+        self._condemned: dict[tuple[str | None, int | None, int | None], str] = {}
         self._backoff_initial = backoff_initial
         self._backoff_max = backoff_max
         self._unsafe_redis_before_commit = unsafe_redis_before_commit
@@ -136,36 +158,90 @@ class BatchProcessor:
         self.store_ok = True
 
     async def process(self, msgs: Sequence[Message]) -> None:
-        """Process one partition's batch until it is done; retries transient failures."""
-        attempt = 0
+        """Process a batch until it is done. No message can stop its partition:
+
+        - a transient failure (PostgreSQL down, a lost claim, Kafka not acknowledging) is
+          retried with backoff; the partitions wait and nothing is committed;
+        - any other failure is isolated: the batch is split in halves, each processed on
+          its own, down to the one message that fails; that message is tried again
+          ``poison_attempts`` times and, if it still fails while PostgreSQL answers, it is
+          dead-lettered (``PROCESSING_FAILED``, the error's type in the detail) and the
+          partition moves on.
+        """
         started = time.perf_counter()
-        while True:
-            try:
-                plan = await self._run_once(msgs)
-                break
-            except TransientError as exc:
-                attempt += 1
-                cause = _cause(exc)
-                metrics.retries_total.labels(cause).inc()
-                if isinstance(exc, StoreUnavailable):
-                    self.store_ok = False
-                delay = min(self._backoff_max, self._backoff_initial * 2 ** min(attempt, 20))
-                delay *= random.uniform(0.5, 1.0)  # jitter: replicas do not retry in step
-                log.warning(
-                    "batch_retry", cause=cause, attempt=attempt, delay_s=round(delay, 3),
-                    partition=msgs[0].partition(), first_offset=msgs[0].offset(),
-                    error=str(exc)[:300],
-                )
-                await asyncio.sleep(delay)
+        await self._process(msgs)
+        metrics.processing_seconds.observe(time.perf_counter() - started)
+
+    async def _process(self, msgs: Sequence[Message]) -> None:
+        attempt = 0
+        failures = 0
+        try:
+            while True:
+                try:
+                    plan = await self._run_once(msgs)
+                    break
+                except TransientError as exc:
+                    attempt += 1
+                    cause = _cause(exc)
+                    if isinstance(exc, StoreUnavailable):
+                        self.store_ok = False
+                    if isinstance(exc, PublishFailed) and exc.too_large:
+                        self._shrink_dead_letter_limit()
+                    await self._back_off(msgs, attempt, cause, exc)
+                except Exception as exc:  # not transient: a bug, or an input nobody foresaw
+                    if len(msgs) > 1:
+                        await self._isolate(msgs, exc)
+                        return
+                    failures += 1
+                    if failures < self._poison_attempts or not await self._store.ping():
+                        attempt += 1
+                        await self._back_off(msgs, attempt, "unexpected", exc)
+                        continue
+                    self._condemned[_coordinates(msgs[0])] = _failure_detail(exc)
+        finally:
+            if len(msgs) == 1:
+                self._condemned.pop(_coordinates(msgs[0]), None)
         self.store_ok = True
         self._account(plan)
-        metrics.processing_seconds.observe(time.perf_counter() - started)
+
+    async def _isolate(self, msgs: Sequence[Message], exc: Exception) -> None:
+        """Split a batch that failed for no transient reason; each half goes on alone, in
+        order (a partition's messages keep their order: the halves run one after the other)."""
+        metrics.retries_total.labels("isolate").inc()
+        log.error("batch_failed_isolating", messages=len(msgs), error=_failure_detail(exc),
+                  partitions=sorted({m.partition() for m in msgs}, key=lambda p: p or 0),
+                  first_offset=msgs[0].offset())
+        half = len(msgs) // 2
+        await self._process(msgs[:half])
+        await self._process(msgs[half:])
+
+    async def _back_off(self, msgs: Sequence[Message], attempt: int, cause: str,
+                        exc: Exception) -> None:
+        metrics.retries_total.labels(cause).inc()
+        delay = min(self._backoff_max, self._backoff_initial * 2 ** min(attempt, 20))
+        delay *= random.uniform(0.5, 1.0)  # jitter: replicas do not retry in step
+        log.warning(
+            "batch_retry", cause=cause, attempt=attempt, delay_s=round(delay, 3),
+            partition=msgs[0].partition(), first_offset=msgs[0].offset(),
+            messages=len(msgs), error=_failure_detail(exc),
+        )
+        await asyncio.sleep(delay)
+
+    def _shrink_dead_letter_limit(self) -> None:
+        """Kafka refused a record as too large although it was under our limit (the topic's
+        limit is lower than what we read at start): aim lower; the retry truncates more."""
+        self._dead_letter_limit = max(MIN_DEAD_LETTER_BYTES, self._dead_letter_limit // 4)
+        log.warning("dead_letter_limit_lowered", max_record_bytes=self._dead_letter_limit)
 
     # ------------------------------------------------------------------ steps
     async def _run_once(self, msgs: Sequence[Message]) -> _Plan:
         plan = _Plan()
         stage = _StageClock()
         # 1. read each message's key fields, cheaply (None: the full path decides)
+        if self._condemned:
+            condemned = [self._condemned.get(_coordinates(msg)) for msg in msgs]
+            if any(condemned):
+                return await self._dead_letter_condemned(msgs, condemned)
         keys = [redelivery_key(msg.value(), max_bytes=self._max_bytes) for msg in msgs]
         stage.lap("parse")
 
@@ -184,10 +260,13 @@ class BatchProcessor:
                 plan.outcomes.append((msg, Outcome.DUPLICATE, "redis", key[0], None))
                 continue
             try:
-                to_store.append((msg, decode_authorization(msg.value(),
-                                                           max_bytes=self._max_bytes)))
+                to_store.append((msg, decode_authorization(
+                    msg.value(), max_bytes=self._max_bytes, max_refund=self._max_refund)))
             except InvalidMessage as exc:
                 self._invalid(plan, msg, exc)
+            except Exception as exc:  # decoding is pure: trying again would fail the same way
+                self._invalid(plan, msg, InvalidMessage(
+                    DeadLetterReason.PROCESSING_FAILED, f"decoding failed: {_failure_detail(exc)}"))
         stage.lap("validate")
 
         # 3. PostgreSQL
@@ -202,6 +281,17 @@ class BatchProcessor:
 
         # 6. (off the critical path) confirm publication, then the Redis fast path
         self.confirmations.add(plan.events.values(), plan.cache)
+        return plan
+
+    async def _dead_letter_condemned(self, msgs: Sequence[Message],
+                                     condemned: list[str | None]) -> _Plan:
+        """The message that kept failing (``process``): to the dead-letter topic, alone."""
+        plan = _Plan()
+        for msg, detail in zip(msgs, condemned, strict=True):
+            assert detail is not None, "a condemned message is always processed alone"
+            self._invalid(plan, msg, InvalidMessage(DeadLetterReason.PROCESSING_FAILED,
+                                                    detail))
+        await self._publish(plan)
         return plan
 
     @staticmethod
@@ -291,11 +381,11 @@ class BatchProcessor:
                    encode_event(result_event(record)))
             for record, _repeat in plan.events.values()
         ]
-        records += [
-            Record(self._topics.dlq, msg.key(), msg.value(),
-                   dead_letter_headers(msg, reason, detail))
-            for msg, reason, detail in plan.dead_letters
-        ]
+        for msg, reason, detail in plan.dead_letters:
+            key, value, headers = dead_letter_payload(
+                msg, msg.key(), msg.value(), reason, detail,
+                max_record_bytes=self._dead_letter_limit)
+            records.append(Record(self._topics.dlq, key, value, headers))
         await self._sender.publish(records)
         for _record, repeat in plan.events.values():
             metrics.events_published_total.labels("republish" if repeat else "first").inc()
@@ -412,6 +502,15 @@ class _StageClock:
         now = time.perf_counter()
         metrics.stage_seconds.labels(stage).observe(now - self._last)
         self._last = now
+
+
+def _coordinates(msg: Message) -> tuple[str | None, int | None, int | None]:
+    return msg.topic(), msg.partition(), msg.offset()
+
+
+def _failure_detail(exc: BaseException) -> str:
+    """The error's type and first words, masked: an error text may quote its input."""
+    return redact(f"{type(exc).__name__}: {exc}")[:300]
 
 
 def _cause(exc: TransientError) -> str:

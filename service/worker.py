@@ -21,7 +21,9 @@ from service.adapters.kafka import (
     Handoff,
     OffsetTracker,
     Publisher,
+    client_config,
     producer_config,
+    topic_max_message_bytes,
 )
 from service.adapters.postgres import PostgresStore
 from service.adapters.redis_cache import RedisDedupCache
@@ -65,6 +67,7 @@ async def run_worker(settings: Settings) -> int:
         loop.add_signal_handler(sig, stop.set)
 
     health = Health()
+    health.kafka_down_limit = settings.stalled_partition_seconds
     http = serve_http(settings.metrics_port, health)
     log.info("worker_starting", group_id=settings.group_id, topic=settings.input_topic,
              instance=settings.instance_id(), metrics_port=http.server_address[1])
@@ -88,6 +91,8 @@ async def run_worker(settings: Settings) -> int:
         faults=faults,
         unsafe_redis_before_commit=settings.unsafe_ordering == "redis_before_commit",
         max_message_bytes=settings.max_message_bytes,
+        max_refund=settings.max_refund_amount,
+        dead_letter_max_bytes=await loop.run_in_executor(None, _dead_letter_limit, settings),
         backoff_initial=settings.retry_backoff_initial_ms / 1000,
         backoff_max=settings.retry_backoff_max_ms / 1000,
     )
@@ -103,7 +108,8 @@ async def run_worker(settings: Settings) -> int:
     consumer.start()
     background = [
         asyncio.create_task(processor.confirmations.run()),
-        asyncio.create_task(_heartbeat(health, processor, store, cache)),
+        asyncio.create_task(_heartbeat(health, processor, store, cache, dispatcher,
+                                       settings.stalled_partition_seconds)),
         asyncio.create_task(_count_dedup_records(store)),
     ]
     if settings.purge_interval_seconds:
@@ -167,13 +173,30 @@ def _tune_garbage_collector() -> None:
     gc.set_threshold(20_000, 10, 10)
 
 
+def _dead_letter_limit(settings: Settings) -> int:
+    """The largest dead-letter record Kafka takes: the producer's ``message.max.bytes`` or the
+    dead-letter topic's ``max.message.bytes``, whichever is lower (stated in the log)."""
+    topic_limit = topic_max_message_bytes(client_config(settings), settings.dlq_topic)
+    limits = [settings.kafka_message_max_bytes] + ([topic_limit] if topic_limit else [])
+    log.info("kafka_size_limits", producer_message_max_bytes=settings.kafka_message_max_bytes,
+             dlq_topic_max_message_bytes=topic_limit, dead_letter_max_bytes=min(limits),
+             input_max_message_bytes=settings.max_message_bytes)
+    return min(limits)
+
+
 async def _heartbeat(
-    health: Health, processor: BatchProcessor, store: PostgresStore, cache: RedisDedupCache
+    health: Health, processor: BatchProcessor, store: PostgresStore, cache: RedisDedupCache,
+    dispatcher: Dispatcher, stall_seconds: float,
 ) -> None:
-    """Tick the loop's liveness; keep readiness' view of PostgreSQL and ``payauth_redis_up``
-    current even while no message flows."""
+    """Tick the loop's liveness; keep readiness' view of PostgreSQL, of stalled partitions
+    and ``payauth_redis_up`` current even while no message flows."""
     while True:
         health.loop_heartbeat()
+        ages = {tp[1]: age for tp, age in dispatcher.oldest_unfinished().items()}
+        for _topic, partition in health.assigned:
+            metrics.oldest_unfinished_seconds.labels(str(partition)).set(
+                round(ages.get(partition, 0.0), 1))
+        health.stalled = [p for p, age in ages.items() if age > stall_seconds]
         health.postgres_ok = processor.store_ok and await store.ping()
         metrics.redis_up.set(1 if await cache.ping() else 0)
         await asyncio.sleep(2)

@@ -3,7 +3,7 @@
 # PostgreSQL and Redis (Debian packages). Idempotent: whatever already answers on its port is
 # reused and left alone. One line per step; a failing step stops with a clear message.
 #
-#   deploy/local/stack.sh up | down | status | restart-postgres | restart-redis | restart-kafka
+#   deploy/local/stack.sh up | down | status | tools | restart-postgres | restart-redis | restart-kafka
 #
 # State lives in $STACK_DIR (default .stack/ at the repository root, git-ignored). PostgreSQL
 # refuses to run as root, so when we are root its data directory belongs to the `postgres`
@@ -233,6 +233,9 @@ mkdir -p "$STACK_DIR"
 case "${1:-}" in
   up) postgres_up; redis_up; kafka_up; topics_up; step "stack is up" ;;
   down) kafka_down; redis_down; postgres_down; step "stack is down" ;;
+  tools)  # what the tests call besides the stack: promtool checks the alert rules
+    command -v promtool >/dev/null 2>&1 || apt_install prometheus
+    step "test tools ready (promtool)" ;;
   restart-postgres) postgres_restart ;;
   restart-redis) redis_down; redis_up ;;
   restart-kafka) kafka_down; kafka_up ;;
@@ -240,5 +243,5 @@ case "${1:-}" in
     for p in "$PG_PORT:postgres" "$REDIS_PORT:redis" "$KAFKA_PORT:kafka"; do
       if listening "${p%%:*}"; then echo "${p#*:}: up (${p%%:*})"; else echo "${p#*:}: down (${p%%:*})"; fi
     done ;;
-  *) echo "usage: $0 up|down|status|restart-postgres|restart-redis|restart-kafka" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|status|tools|restart-postgres|restart-redis|restart-kafka" >&2; exit 2 ;;
 esac

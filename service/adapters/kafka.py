@@ -14,6 +14,7 @@ auto-commit commits what was stored. On revoke and on shutdown we commit synchro
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import threading
@@ -31,10 +32,16 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
+from confluent_kafka.admin import (  # type: ignore[attr-defined]  # re-exported at run time
+    AdminClient,
+    ConfigResource,
+    ResourceType,
+)
 
 from service import metrics
 from service.config import Settings
 from service.domain.errors import PublishFailed
+from service.logs import RateLimitedLog, librdkafka_logger
 
 log = structlog.get_logger(__name__)
 
@@ -42,11 +49,13 @@ TP = tuple[str, int]
 
 
 def client_config(settings: Settings) -> dict[str, Any]:
-    """Connection settings shared by consumer, producer and admin clients."""
+    """Connection settings shared by consumer, producer and admin clients. librdkafka's own
+    log lines go through the service's logging (JSON, rate-limited), never raw to stderr."""
     conf: dict[str, Any] = {
         "bootstrap.servers": settings.kafka_bootstrap_servers,
         "security.protocol": settings.kafka_security_protocol,
         "client.id": f"payauth-{settings.instance_id()}",
+        "logger": librdkafka_logger(settings.kafka_log_interval_seconds),
     }
     if settings.kafka_sasl_mechanism:
         conf["sasl.mechanism"] = settings.kafka_sasl_mechanism
@@ -108,6 +117,8 @@ def producer_config(settings: Settings) -> dict[str, Any]:
             "acks": "all",
             "linger.ms": 2,
             "delivery.timeout.ms": settings.delivery_timeout_ms,
+            # Stated, not left to the library's default: the dead-letter size cap reads it.
+            "message.max.bytes": settings.kafka_message_max_bytes,
             "compression.type": "lz4",
         }
     )
@@ -159,6 +170,25 @@ class Record:
     headers: list[tuple[str, bytes]] | None = None
 
 
+def topic_max_message_bytes(conf: dict[str, Any], topic: str,
+                            timeout: float = 10.0) -> int | None:
+    """The broker's ``max.message.bytes`` for ``topic`` (None when it cannot be read)."""
+    admin = AdminClient(conf)
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    try:
+        config = admin.describe_configs([resource], request_timeout=timeout)[resource].result(
+            timeout=timeout)
+        return int(config["max.message.bytes"].value)
+    except (KafkaException, KeyError, ValueError, TypeError,
+            concurrent.futures.TimeoutError) as exc:
+        log.warning("topic_config_unreadable", topic=topic, error=str(exc)[:200])
+        return None
+
+
+# Refusals a record meets again whatever the retry: it is larger than a limit.
+_SIZE_REFUSALS = {KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE}
+
+
 class _BatchAck:
     """Counts a batch's delivery reports in the delivery thread; wakes the event loop once,
     when the last one arrives (a wake-up per record would cost more than the record)."""
@@ -168,12 +198,14 @@ class _BatchAck:
         self._lock = threading.Lock()
         self._remaining = count
         self._errors: list[str] = []
+        self._too_large = False
         self.future: asyncio.Future[None] = loop.create_future()
 
     def on_delivery(self, err: KafkaError | None, _msg: Message) -> None:
         with self._lock:
             if err is not None:
                 self._errors.append(err.str())
+                self._too_large |= err.code() in _SIZE_REFUSALS
             self._remaining -= 1
             last = self._remaining == 0
         if last:
@@ -184,7 +216,8 @@ class _BatchAck:
             return
         if self._errors:
             self.future.set_exception(PublishFailed(
-                f"{len(self._errors)} record(s) not acknowledged: {self._errors[0]}"))
+                f"{len(self._errors)} record(s) not acknowledged: {self._errors[0]}",
+                too_large=self._too_large))
         else:
             self.future.set_result(None)
 
@@ -350,6 +383,7 @@ class ConsumerThread(threading.Thread):
         self._conf = consumer_config(settings)
         self._conf["stats_cb"] = self._on_stats
         self._conf["error_cb"] = self._on_error
+        self._error_lines = RateLimitedLog(log, settings.kafka_log_interval_seconds)
         self._consumer = consumer_factory(self._conf)
         self._stopping = threading.Event()
         self._partitions: dict[TP, _PartitionState] = {}
@@ -474,6 +508,8 @@ class ConsumerThread(threading.Thread):
             self._partitions.pop(tp, None)
             with contextlib.suppress(KeyError):
                 metrics.consumer_lag.remove(str(tp[1]))
+            with contextlib.suppress(KeyError):
+                metrics.oldest_unfinished_seconds.remove(str(tp[1]))
         self._health.set_assigned(list(self._partitions))
         metrics.assigned_partitions.set(len(self._partitions))
         log.info("partitions_revoked", partitions=sorted(p for _, p in tps), lost=lost)
@@ -487,6 +523,9 @@ class ConsumerThread(threading.Thread):
     def _on_stats(self, stats_json: str) -> None:
         try:
             stats = json.loads(stats_json)
+            brokers = stats.get("brokers", {}).values()
+            self._health.kafka_reachable(
+                any(b.get("state") == "UP" and b.get("nodeid", -1) >= 0 for b in brokers))
             topic = stats.get("topics", {}).get(self._settings.input_topic, {})
             for pid, part in topic.get("partitions", {}).items():
                 lag = part.get("consumer_lag", -1)
@@ -505,8 +544,10 @@ class ConsumerThread(threading.Thread):
             self.fatal = KafkaException(err)
             self._stopping.set()
         else:
-            # Broker down, connection refused...: librdkafka retries by itself.
-            log.warning("kafka_error", error=err.str())
+            # Broker down, connection refused...: librdkafka retries by itself, and says so
+            # many times a second; one line per kind of error per interval is enough.
+            self._error_lines.emit(f"kafka_error:{err.code()}", "kafka_error",
+                                   error=err.str())
 
     def _shutdown(self) -> None:
         """Finish: in-flight work is awaited by the caller before ``stop()``; here we store

@@ -140,6 +140,12 @@ def translate(exc: BaseException) -> BaseException:
         return StoreUnavailable(f"PostgreSQL unavailable: {type(exc).__name__}: {exc}")
     if isinstance(exc, asyncpg.IntegrityConstraintViolationError | asyncpg.DataError):
         return DataRejected(f"{type(exc).__name__}: {exc}")
+    if isinstance(exc, asyncpg.PostgresError):
+        # Any other refusal (a missing function or grant after a bad deploy, an internal
+        # error) is about the database, not about a message: the partitions wait, /readyz
+        # says PostgreSQL is not answering, and no message is dead-lettered for it.
+        return StoreUnavailable(f"PostgreSQL refused the work: {type(exc).__name__} "
+                                f"(SQLSTATE {exc.sqlstate})")
     return exc
 
 

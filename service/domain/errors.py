@@ -17,6 +17,10 @@ class DeadLetterReason(StrEnum):
     TOO_LARGE = "TOO_LARGE"
     CARD_DATA_PRESENT = "CARD_DATA_PRESENT"
     IDEMPOTENCY_KEY_CONFLICT = "IDEMPOTENCY_KEY_CONFLICT"
+    LIMIT_EXCEEDED = "LIMIT_EXCEEDED"  # a REFUND above PAYAUTH_MAX_REFUND_AMOUNT
+    # The worker failed on this message again and again while its dependencies answered:
+    # a bug or an input nobody foresaw. Dead-lettered so that the partition moves on.
+    PROCESSING_FAILED = "PROCESSING_FAILED"
 
 
 class InvalidMessage(Exception):
@@ -37,4 +41,10 @@ class StoreUnavailable(TransientError):
 
 
 class PublishFailed(TransientError):
-    """A result or dead-letter record was not acknowledged by Kafka."""
+    """A result or dead-letter record was not acknowledged by Kafka. ``too_large``: Kafka
+    refused a record for its size, which the same record would meet again (the caller
+    shrinks what it sends before retrying)."""
+
+    def __init__(self, message: str, *, too_large: bool = False) -> None:
+        super().__init__(message)
+        self.too_large = too_large

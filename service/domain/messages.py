@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -33,12 +34,10 @@ from pydantic import (
 
 from service.domain.errors import DeadLetterReason, InvalidMessage
 from service.domain.money import MAX_AMOUNT, UnknownCurrency, decimals_of, format_amount, minor_unit
-from service.domain.pan import (
-    contains_pan,
-    document_contains_pan,
-    has_long_digit_run,
-    may_contain_pan,
-)
+from service.domain.pan import document_contains_pan, may_contain_pan
+
+# The largest REFUND decided without a person looking (PAYAUTH_MAX_REFUND_AMOUNT).
+DEFAULT_MAX_REFUND = Decimal("10000")
 
 # Stable namespace for event ids: the same transaction_id always yields the same event_id.
 EVENT_NAMESPACE = uuid.UUID("6b1f5c1e-8f4e-4e1c-9a55-3f0d2f0c9a01")
@@ -59,19 +58,22 @@ class AuthorizationType(StrEnum):
     REFUND = "REFUND"  # credits the account
 
 
+# What an amount sent as a string may look like: "125.50", "1250", "0.5". No sign, no
+# exponent, no leading zeros, no bare point ("10.", ".5"): a plain decimal, as the contract
+# says. (A JSON number is whatever JSON allows; it is parsed exactly, never as a float.)
+_PLAIN_DECIMAL = re.compile(r"(?:0|[1-9][0-9]*)(?:\.[0-9]+)?")
+_PLAIN_DECIMAL_HINT = 'amount string must be a plain decimal like "125.50"'
+
+
 def _exact_amount(value: object) -> Decimal:
     if isinstance(value, (bool, float)):
         raise ValueError("amount must be an exact decimal (JSON number or string), not a float")
     if isinstance(value, int):
         return Decimal(value)
     if isinstance(value, str):
-        stripped = value.strip()
-        if stripped != value or not stripped or any(c not in "0123456789.+-" for c in stripped):
-            raise ValueError("amount string must be a plain decimal like \"125.50\"")
-        try:
-            return Decimal(stripped)
-        except InvalidOperation:
-            raise ValueError("amount string must be a plain decimal like \"125.50\"") from None
+        if len(value) > 40 or not _PLAIN_DECIMAL.fullmatch(value):
+            raise ValueError(_PLAIN_DECIMAL_HINT)
+        return Decimal(value)
     if isinstance(value, Decimal):
         return value
     raise ValueError("amount must be a JSON number or a decimal string")
@@ -115,7 +117,7 @@ class _Body(BaseModel):
         try:
             allowed = minor_unit(self.currency)
         except UnknownCurrency as exc:
-            raise ValueError(str(exc)) from None
+            raise ValueError(str(exc)) from None  # names the code only when it has a code's shape
         if decimals_of(amount) > allowed:
             raise ValueError(f"{self.currency} amounts have at most {allowed} decimals")
         return self
@@ -177,11 +179,16 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a valid amount or JSON value")
 
 
+# A key name an error detail may quote: it cannot hold card data (or anything but a name).
+_QUOTABLE_KEY = re.compile(r"[A-Za-z_][A-Za-z_.]{0,39}")
+
+
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for key, value in pairs:
         if key in result:
-            raise ValueError(f"duplicate key {key[:40]!r}")
+            shown = repr(key) if _QUOTABLE_KEY.fullmatch(key) else "(name not shown)"
+            raise ValueError(f"duplicate key {shown}")
         result[key] = value
     return result
 
@@ -197,41 +204,40 @@ def _describe(exc: ValidationError) -> str:
 
 def redelivery_key(raw: bytes | None, *, max_bytes: int = 65_536) -> tuple[str, str] | None:
     """(transaction_id, fingerprint of the key fields as sent), read cheaply, for a message
-    that the strict parser (``_parse``) would accept and read the same way; None whenever in doubt
-    (the message then takes the full path).
+    that the strict parser (``_parse``) would accept and read the same way; None whenever in
+    doubt (the message then takes the full path). Never raises: whatever the bytes, the
+    worst answer is None.
 
     This is what lets a replay skip the strict parser and the schema check: a fingerprint
     read here can only equal one stored for a decided transaction when the key fields are
     exactly those of that validated request ("12.34", not "12.340"). The strict parser's
     refusals are kept: orjson refuses invalid UTF-8, a byte order mark, ``NaN``, control
-    characters; a text with a backslash (an escape could spell a digit or a quote) or a run
-    of 13 digits (a card number?) is left to the full path; and a repeated key, which orjson
-    would keep once, shows as missing quotes: with no backslash, every quote in the text
-    delimits a string, and orjson writes two per string it kept.
+    characters; a text with a backslash (an escape could spell a digit or a quote) or
+    anything ``may_contain_pan`` cannot rule out (a digit run, a number with an exponent,
+    non-ASCII digits) is left to the full path; and a repeated key, which orjson would keep
+    once, shows as missing quotes: with no backslash, every quote in the text delimits a
+    string, and orjson writes two per string it kept.
     """
     if raw is None or len(raw) > max_bytes or b"\\" in raw:
         return None
-    if has_long_digit_run(raw):  # 1 in 10 hex digests has one: look closer
-        try:
-            if contains_pan(raw.decode("utf-8")):  # the raw text: identifiers too
-                return None
-        except UnicodeDecodeError:
-            return None
     try:
+        if may_contain_pan(raw.decode("utf-8")):
+            return None
         document = orjson.loads(raw)
-    except orjson.JSONDecodeError:
+        body = document.get("body") if type(document) is dict else None
+        if type(body) is not dict:
+            return None
+        txn_id, account, amount, currency, auth_type = (
+            body.get("transaction_id"), body.get("account_id"), body.get("amount"),
+            body.get("currency"), body.get("authorization_type"))
+        if not (type(txn_id) is str and type(account) is str and type(amount) is str
+                and type(currency) is str and type(auth_type) is str):
+            return None
+        # orjson writes back at most 254 levels of nesting: deeper is for the full path too.
+        if orjson.dumps(document).count(b'"') != raw.count(b'"'):
+            return None  # a key was repeated
+    except (ValueError, TypeError, RecursionError):  # JSONDecodeError, UnicodeDecodeError
         return None
-    body = document.get("body") if type(document) is dict else None
-    if type(body) is not dict:
-        return None
-    txn_id, account, amount, currency, auth_type = (
-        body.get("transaction_id"), body.get("account_id"), body.get("amount"),
-        body.get("currency"), body.get("authorization_type"))
-    if not (type(txn_id) is str and type(account) is str and type(amount) is str
-            and type(currency) is str and type(auth_type) is str):
-        return None
-    if orjson.dumps(document).count(b'"') != raw.count(b'"'):
-        return None  # a key was repeated
     return txn_id, fingerprint_of(account, amount, currency, auth_type)
 
 
@@ -270,8 +276,18 @@ def _parse(raw: bytes | None, *, max_bytes: int = 65_536) -> dict[str, Any]:
     return document
 
 
-def decode_authorization(raw: bytes | None, *, max_bytes: int = 65_536) -> Authorization:
-    return _validate(_parse(raw, max_bytes=max_bytes))
+def decode_authorization(raw: bytes | None, *, max_bytes: int = 65_536,
+                         max_refund: Decimal = DEFAULT_MAX_REFUND) -> Authorization:
+    """The one place that decides whether a message is an authorization request, exactly;
+    raises ``InvalidMessage`` with the dead-letter reason otherwise."""
+    auth = _validate(_parse(raw, max_bytes=max_bytes))
+    if auth.authorization_type is AuthorizationType.REFUND and auth.amount > max_refund:
+        # Credit from nothing: a refund this large waits for a person (redrive after a check).
+        raise InvalidMessage(
+            DeadLetterReason.LIMIT_EXCEEDED,
+            f"REFUND amount above PAYAUTH_MAX_REFUND_AMOUNT ({max_refund})",
+        )
+    return auth
 
 
 def _validate(document: dict[str, Any]) -> Authorization:

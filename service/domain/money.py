@@ -25,7 +25,8 @@ def minor_unit(currency: str) -> int:
     currencies and count as unknown.
     """
     if len(currency) != 3 or not currency.isascii() or not currency.isupper():
-        raise UnknownCurrency(f"currency must be an upper-case ISO 4217 code, got {currency!r}")
+        # The value is not quoted: what is not a currency code may be anything (card data).
+        raise UnknownCurrency("currency must be a three-letter upper-case ISO 4217 code")
     try:
         exponent = iso4217.Currency(currency).exponent
     except ValueError:
@@ -36,10 +37,19 @@ def minor_unit(currency: str) -> int:
 
 
 def decimals_of(amount: Decimal) -> int:
-    """Significant decimals: 125.50 has 1, 125.5 has 1, 125 has 0, 1.234 has 3."""
-    exponent = amount.normalize().as_tuple().exponent
+    """Significant decimals, exactly: 125.50 has 1, 125.5 has 1, 125 has 0, 1.234 has 3,
+    1.0000000000000000000000000000000000001 has 37, 1E-999999999999999999 has that many.
+
+    Read from the digits and the exponent, not through ``normalize()``, which rounds to the
+    context's 28 digits (and sends a tiny exponent to zero): an amount must never pass this
+    check because arithmetic rounded it first.
+    """
+    _sign, digits, exponent = amount.as_tuple()
     assert isinstance(exponent, int)  # finite amounts only; callers check first
-    return max(0, -exponent)
+    trailing_zeros = len(digits) - len(bytes(digits).rstrip(b"\x00"))
+    if trailing_zeros == len(digits):
+        return 0  # zero
+    return max(0, -(exponent + trailing_zeros))
 
 
 def format_amount(amount: Decimal, currency: str) -> str:

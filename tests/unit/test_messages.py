@@ -71,6 +71,15 @@ def test_amount_as_json_number_or_string(amount: object) -> None:
         ("true", R.SCHEMA_VIOLATION),
         ("[1]", R.SCHEMA_VIOLATION),
         ("null", R.SCHEMA_VIOLATION),
+        # A string amount is a plain decimal: no sign, no bare point, no leading zero.
+        ('"+10.00"', R.SCHEMA_VIOLATION),
+        ('"10."', R.SCHEMA_VIOLATION),
+        ('".5"', R.SCHEMA_VIOLATION),
+        ('"010.00"', R.SCHEMA_VIOLATION),
+        # Exactly: never rounded to fit the currency, never sent to zero by a tiny exponent.
+        ("1.0000000000000000000000000000000000001", R.SCHEMA_VIOLATION),
+        ('"1.0000000000000000000000000000000000001"', R.SCHEMA_VIOLATION),
+        ("1E-999999999999999999", R.SCHEMA_VIOLATION),
     ],
 )
 def test_bad_amounts(literal: str, reason: DeadLetterReason) -> None:
@@ -278,3 +287,96 @@ def test_redelivery_key_refuses_repeated_keys_escapes_and_card_data() -> None:
     assert redelivery_key(variants[0]) is not None and redelivery_key(variants[11]) is not None
     for index in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10):
         assert redelivery_key(variants[index]) is None, index
+
+
+@pytest.mark.parametrize("amount", ["10.00", "10", "0.50", "1E+1", "1.10E+1"])
+def test_exact_amounts_that_are_plain_or_json_numbers_are_accepted(amount: str) -> None:
+    raw = with_body(amount="PLACEHOLDER").replace(b'"PLACEHOLDER"', amount.encode())
+    assert decode_authorization(raw).amount == Decimal(amount)
+
+
+FULLWIDTH_PAN = "".join(chr(0xFF10 + int(d)) for d in PAN)
+ARABIC_INDIC_PAN = "".join(chr(0x0660 + int(d)) for d in PAN)
+
+
+@pytest.mark.parametrize(
+    "raw_field",
+    [
+        b'"pan_extra": 4111111111111111.0',  # a decimal number
+        b'"pan_extra": 4.111111111111111E15',  # with an exponent
+        b'"pan_extra": 41111111111111110E-1',
+        b'"pan_extra": [[{"deep": 4111111111111111.00}]]',
+        b'"merchant": "4111.1111.1111.1111"',
+        b'"merchant": "4111 1111-1111.1111"',
+        ('"merchant": "' + FULLWIDTH_PAN + '"').encode(),
+        ('"merchant": "Shop ' + ARABIC_INDIC_PAN + '"').encode(),
+        ('"merchant": "4111\u00a01111\u20131111\u00a01111"').encode(),  # NBSP, en dash
+        b'"4111111111111111": "key"',
+    ],
+)
+def test_card_numbers_in_any_spelling_are_refused(raw_field: bytes) -> None:
+    raw = with_body(merchant="Amazon.es").replace(b'"merchant": "Amazon.es"', raw_field)
+    assert json.loads(raw)  # still JSON
+    with pytest.raises(InvalidMessage) as info:
+        decode_authorization(raw)
+    assert info.value.reason is R.CARD_DATA_PRESENT, raw_field
+    from service.domain.messages import redelivery_key
+    assert redelivery_key(raw) is None, "never recognised on the cheap path either"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        # a repeated key that is a card number: the detail does not quote it
+        with_body().replace(b'"body": {', b'"body": {"4111111111111111": 1, '
+                                          b'"4111111111111111": 2, '),
+        with_body().replace(b'"merchant":', b'"' + FULLWIDTH_PAN.encode() + b'": 1, "'
+                            + FULLWIDTH_PAN.encode() + b'": 2, "merchant":'),
+        with_body(currency="4111111111111111"),
+        with_body(currency="4111-1111-1111-1112"),  # not Luhn-valid: refused, not quoted
+        with_body(merchant_category="4111111111111112"),
+    ],
+)
+def test_error_details_never_carry_card_numbers(raw: bytes) -> None:
+    with pytest.raises(InvalidMessage) as info:
+        decode_authorization(raw)
+    for digits in ("4111111111111111", "4111111111111112", "411111111111"):
+        assert digits not in str(info.value), info.value.detail
+        assert digits not in info.value.detail
+    assert FULLWIDTH_PAN not in info.value.detail
+
+
+def test_a_deeply_nested_extra_field_never_raises_anything_but_invalid_message() -> None:
+    from service.domain.messages import redelivery_key
+
+    for depth in (253, 300, 1_000, 100_000):
+        raw = with_body().replace(b'"merchant":', b'"nest": ' + b"[" * depth + b"]" * depth
+                                  + b', "merchant":')
+        assert redelivery_key(raw) is None, depth  # orjson writes back at most 254 levels
+        try:
+            decode_authorization(raw, max_bytes=1_000_000)
+        except InvalidMessage as exc:
+            assert exc.reason in (R.INVALID_JSON, R.SCHEMA_VIOLATION), depth
+
+
+def test_a_refund_above_the_limit_waits_for_a_person() -> None:
+    refund = with_body(authorization_type="REFUND", amount="999999999999999.00")
+    with pytest.raises(InvalidMessage) as info:
+        decode_authorization(refund)
+    assert info.value.reason is R.LIMIT_EXCEEDED
+    assert decode_authorization(refund, max_refund=Decimal("1E15")).amount
+    assert decode_authorization(with_body(authorization_type="REFUND", amount="10000.00"))
+    # A purchase is bounded by the funds, not by this limit.
+    assert decode_authorization(with_body(amount="999999999999999.00"))
+
+
+def test_redact_masks_long_digit_runs_in_any_script() -> None:
+    from service.domain.pan import redact
+
+    assert redact("duplicate key 4111111111111111") == "duplicate key [digits masked …1111]"
+    assert "4111" not in redact(f"got {FULLWIDTH_PAN}!").replace("…1111", "")
+    assert redact("offset 12345, amount 125.50") == "offset 12345, amount 125.50"
+
+
+def test_a_currency_that_is_a_card_number_is_card_data() -> None:
+    assert reason_of(with_body(currency=PAN)) is R.CARD_DATA_PRESENT

@@ -41,7 +41,7 @@ def metric_names(expr: str) -> set[str]:
 
 def promtool() -> str:
     path = shutil.which("promtool")
-    assert path, "promtool is needed (Debian package 'prometheus'; .ci/run installs it)"
+    assert path, "promtool is needed: `make test-tools` installs it (Debian package 'prometheus')"
     return path
 
 

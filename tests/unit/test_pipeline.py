@@ -4,9 +4,11 @@ tested against the real services in tests/integration)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from typing import Any
 from uuid import UUID, uuid4
 
 import pytest
@@ -53,9 +55,19 @@ class Store:
     records: dict[str, StoredResult] = field(default_factory=dict)
     failures: list[Exception] = field(default_factory=list)
     reject_txn: str | None = None
+    poison_txn: str | None = None  # a batch holding it fails with an unexpected error
+    answers: bool = True  # what ping() says
+    pings: int = 0
+    pinged_often: asyncio.Event = field(default_factory=asyncio.Event)  # 20 pings
     commits: int = 0
     published: list[str] = field(default_factory=list)
     receipts: list[UUID] = field(default_factory=list)
+
+    async def ping(self) -> bool:
+        self.pings += 1
+        if self.pings >= 20:
+            self.pinged_often.set()
+        return self.answers
 
     async def load_stored(self, txn_ids: Sequence[str]) -> dict[str, StoredResult]:
         return {t: self.records[t] for t in txn_ids if t in self.records}
@@ -65,6 +77,8 @@ class Store:
             raise self.failures.pop(0)
         if self.reject_txn and any(a.transaction_id == self.reject_txn for a in new):
             raise DataRejected("check violation")
+        if self.poison_txn and any(a.transaction_id == self.poison_txn for a in new):
+            raise TypeError("a bug this input reaches (card 4111111111111111)")
         self.commits += 1
         batch = uuid4()
         out = []
@@ -101,18 +115,23 @@ class Cache:
 @dataclass
 class Sender:
     sent: list[tuple[str, bytes | None]] = field(default_factory=list)
+    records: list[Record] = field(default_factory=list)
     fail_next: int = 0
+    refuse_above: int | None = None  # a broker whose limit is lower than the worker thinks
 
     async def publish(self, records: Sequence[Record]) -> None:
         if self.fail_next:
             self.fail_next -= 1
             raise PublishFailed("broker said no")
+        if self.refuse_above and any(len(r.value or b"") > self.refuse_above for r in records):
+            raise PublishFailed("Broker: Message size too large", too_large=True)
         self.sent += [(r.topic, r.value) for r in records]
+        self.records += records
 
 
-def processor(store: Store, cache: Cache, sender: Sender) -> BatchProcessor:
+def processor(store: Store, cache: Cache, sender: Sender, **options: Any) -> BatchProcessor:
     return BatchProcessor(store, cache, sender, Topics("out", "dlq"),
-                          backoff_initial=0.001, backoff_max=0.002)
+                          backoff_initial=0.001, backoff_max=0.002, **options)
 
 
 def msgs(*messages: dict[str, object] | bytes) -> list[Msg]:
@@ -205,3 +224,76 @@ async def test_stored_duplicate_republishes_only_if_never_confirmed(published: b
     # A republished record is confirmed on its own: its batch's other records were not
     # republished, so no receipt is made for that batch.
     assert store.published == ([] if published else ["T1"])
+
+
+async def test_a_message_that_fails_unexpectedly_is_isolated_and_dead_lettered() -> None:
+    store, cache, sender = Store(poison_txn="POISON"), Cache(), Sender()
+    batch = msgs(*(auth_message(t) for t in ("A", "B", "POISON", "D", "E")))
+    await processor(store, cache, sender).process(batch)
+    # Every other message is decided, the poison one dead-lettered alone, with why.
+    assert sorted(store.records) == ["A", "B", "D", "E"]
+    [letter] = [r for r in sender.records if r.topic == "dlq"]
+    headers = dict(letter.headers or [])
+    assert headers["error.reason"] == b"PROCESSING_FAILED"
+    assert headers["error.detail"].startswith(b"TypeError")
+    assert b"4111111111111111" not in headers["error.detail"], "masked"
+    assert letter.value == batch[2].raw and headers["source.offset"] == b"2"
+
+
+async def test_an_unexpected_failure_is_not_dead_lettered_while_postgres_is_away() -> None:
+    store, cache, sender = Store(poison_txn="POISON", answers=False), Cache(), Sender()
+    task = asyncio.create_task(processor(store, cache, sender).process(
+        msgs(auth_message("POISON"))))
+    await store.pinged_often.wait()  # it keeps retrying, asking PostgreSQL each time
+    assert not task.done() and sender.records == []
+    store.answers = True
+    await task
+    assert [r.topic for r in sender.records] == ["dlq"]
+
+
+async def test_a_bug_in_decoding_one_message_dead_letters_only_that_message(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import service.pipeline as pipeline
+
+    real = pipeline.decode_authorization
+
+    def decode(raw: bytes | None, **kwargs: Any) -> Authorization:
+        if raw and b"POISON" in raw:
+            raise RecursionError("maximum recursion depth exceeded")
+        return real(raw, **kwargs)
+
+    monkeypatch.setattr(pipeline, "decode_authorization", decode)
+    store, cache, sender = Store(), Cache(), Sender()
+    await processor(store, cache, sender).process(
+        msgs(auth_message("A"), auth_message("POISON"), auth_message("C")))
+    assert sorted(store.records) == ["A", "C"]
+    [letter] = [r for r in sender.records if r.topic == "dlq"]
+    assert dict(letter.headers or [])["error.reason"] == b"PROCESSING_FAILED"
+
+
+async def test_a_dead_letter_too_large_for_kafka_carries_a_preview_size_and_hash() -> None:
+    import hashlib
+
+    store, cache, sender = Store(), Cache(), Sender()
+    big = b'{"x": "' + b"y" * 300_000 + b'"}'
+    await processor(store, cache, sender, max_message_bytes=65_536,
+                    dead_letter_max_bytes=100_000).process(msgs(big))
+    [letter] = sender.records
+    headers = dict(letter.headers or [])
+    assert headers["error.reason"] == b"TOO_LARGE"
+    assert headers["original.size"] == str(len(big)).encode()
+    assert headers["original.sha256"] == hashlib.sha256(big).hexdigest().encode()
+    assert letter.value == big[:1024]
+    # One that fits goes whole, without those headers.
+    small = b'{"x": "' + b"y" * 70_000 + b'"}'
+    await processor(store, cache, sender, dead_letter_max_bytes=100_000).process(msgs(small))
+    assert sender.records[-1].value == small
+    assert "original.size" not in dict(sender.records[-1].headers or [])
+
+
+async def test_a_broker_limit_lower_than_expected_lowers_the_dead_letter_limit() -> None:
+    store, cache, sender = Store(), Cache(), Sender(refuse_above=50_000)
+    big = b'{"x": "' + b"y" * 200_000 + b'"}'
+    await processor(store, cache, sender, dead_letter_max_bytes=1_000_000).process(msgs(big))
+    [letter] = sender.records
+    assert letter.value == big[:1024] and dict(letter.headers or [])["original.truncated"]
