@@ -100,8 +100,12 @@ def _cmd_dlq_redrive(settings: Settings, args: argparse.Namespace) -> int:
     )
     print(redrive.summarize(letters, execute=args.execute))
     if args.execute and letters:
-        sent = redrive.redrive(settings, letters)
+        letters, missing = redrive.with_originals(settings, letters)
+        for line in missing:
+            print(f"dlq: {line}", file=sys.stderr)
+        sent = redrive.redrive(settings, letters) if letters else 0
         print(f"dlq: redrove {sent} message(s) to {settings.input_topic}")
+        return 1 if missing else 0
     return 0
 
 

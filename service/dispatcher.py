@@ -165,7 +165,7 @@ class Dispatcher:
                     arrivals.popleft()
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # a bug, not a transient fault: the worker stops on it
+        except Exception as exc:  # past the processor's own isolation: the worker stops on it
             self._failure = exc
             # Nothing more may start: a later batch on these partitions would store an
             # offset past the failed messages. Their offsets stay where they are; the next

@@ -23,6 +23,8 @@ This is the exactly-once argument.
 A crash or error anywhere repeats the batch from step 1 (here, or at the next owner after a
 replay): every step is safe to repeat. Transient failures are retried here with backoff, so
 the batch's partitions make no progress and commit nothing until the dependency is back.
+Any other failure is isolated to the one message that causes it, which is dead-lettered
+(``process``): no message can stop its partition.
 """
 
 from __future__ import annotations

@@ -4,17 +4,24 @@ The original key and bytes go back unchanged, with the original headers plus
 ``redrive.source`` (``dlq-topic/partition/offset``) and ``redrive.reason``, so the worker's
 logs and the DLQ (if it fails again) tell a redriven message apart. Dry run by default.
 Redriving is safe to repeat: a message that was meanwhile decided is a duplicate.
+
+A dead letter that could not carry its original (``original.truncated``: larger than Kafka
+takes) is redriven from the original on the input topic at its ``source.*`` coordinates,
+after checking its ``original.sha256``; if retention deleted it, that letter is reported
+and left alone. Details are shown masked, whichever version wrote them.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 from dataclasses import dataclass
 
 from confluent_kafka import Producer
 
-from service.adapters.kafka import client_config, producer_config, read_snapshot
+from service.adapters.kafka import client_config, producer_config, read_one, read_snapshot
 from service.config import Settings
+from service.domain.pan import redact
 
 
 @dataclass(frozen=True)
@@ -30,6 +37,10 @@ class DeadLetter:
             if key == name:
                 return value.decode(errors="replace")
         return ""
+
+    @property
+    def truncated(self) -> bool:
+        return self.header("original.truncated") == "true"
 
 
 def read_dead_letters(
@@ -70,15 +81,47 @@ def summarize(letters: list[DeadLetter], *, execute: bool) -> str:
             f"  dlq {letter.partition}/{letter.offset}  from "
             f"{letter.header('source.topic')}/{letter.header('source.partition')}/"
             f"{letter.header('source.offset')}  {letter.header('error.reason')}: "
-            f"{letter.header('error.detail')[:80]}"
+            f"{redact(letter.header('error.detail'))[:80]}"
+            + (f"  (original {letter.header('original.size')} bytes, on the input topic)"
+               if letter.truncated else "")
         )
     if len(letters) > 10:
         lines.append(f"  … and {len(letters) - 10} more")
     return "\n".join(lines)
 
 
+def with_originals(settings: Settings, letters: list[DeadLetter]
+                   ) -> tuple[list[DeadLetter], list[str]]:
+    """Each truncated letter replaced by its original from the input topic (hash checked);
+    the ones whose original is gone are left out, each with a line saying why."""
+    conf = {**client_config(settings), "group.id": f"{settings.group_id}.redrive"}
+    ready: list[DeadLetter] = []
+    missing: list[str] = []
+    for letter in letters:
+        if not letter.truncated:
+            ready.append(letter)
+            continue
+        where = (f"{letter.header('source.topic')}/{letter.header('source.partition')}/"
+                 f"{letter.header('source.offset')}")
+        original = read_one(conf, letter.header("source.topic"),
+                            int(letter.header("source.partition")),
+                            int(letter.header("source.offset")))
+        value = original.value() if original is not None else None
+        if original is None or value is None or hashlib.sha256(value).hexdigest() != letter.header(
+                "original.sha256"):
+            missing.append(f"dlq {letter.partition}/{letter.offset}: the original at {where} "
+                           "is gone (retention) or differs; not redriven")
+            continue
+        ready.append(DeadLetter(letter.partition, letter.offset, original.key(), value,
+                                letter.headers))
+    return ready, missing
+
+
 def redrive(settings: Settings, letters: list[DeadLetter]) -> int:
-    producer = Producer(producer_config(settings))
+    largest = max((len(letter.value or b"") for letter in letters), default=0)
+    # What was on the input topic goes back whole, however large (compressed on the wire).
+    producer = Producer({**producer_config(settings), "message.max.bytes": max(
+        settings.kafka_message_max_bytes, largest + 1_048_576)})
     failures: list[str] = []
 
     def on_delivery(err: object, _msg: object) -> None:
@@ -88,7 +131,7 @@ def redrive(settings: Settings, letters: list[DeadLetter]) -> int:
     for letter in letters:
         headers: list[tuple[str, str | bytes | None]] = [
             (k, v) for k, v in letter.headers
-            if not k.startswith(("error.", "source.", "redrive."))
+            if not k.startswith(("error.", "source.", "redrive.", "original."))
         ]
         headers += [
             ("redrive.source", f"{settings.dlq_topic}/{letter.partition}/{letter.offset}".encode()),

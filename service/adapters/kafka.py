@@ -162,6 +162,27 @@ def read_snapshot(
         consumer.close()
 
 
+def read_one(conf: dict[str, Any], topic: str, partition: int, offset: int,
+             timeout: float = 15.0) -> Message | None:
+    """The record at ``topic``/``partition``/``offset``, or None when it is not there (past
+    the end, or deleted by retention)."""
+    consumer = Consumer({**conf, "enable.auto.commit": False, "enable.partition.eof": True,
+                         "receive.message.max.bytes": 200_000_000})
+    try:
+        consumer.assign([TopicPartition(topic, partition, offset)])
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            msg = consumer.poll(1.0)
+            if msg is None:
+                continue
+            if msg.error() is not None:
+                return None  # end of partition (or an error): the record is not there
+            return msg if msg.offset() == offset else None  # the log starts later now
+        return None
+    finally:
+        consumer.close()
+
+
 @dataclass(frozen=True)
 class Record:
     topic: str

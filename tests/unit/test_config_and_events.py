@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from service.config import ConfigError, load_settings
+from service.config import ConfigError, Settings, load_settings
 from service.domain.decision import DeclineReason, Result, StoredResult
 from service.domain.events import result_event
 from service.domain.messages import event_id_for
@@ -68,6 +68,25 @@ def test_cli_reports_bad_configuration_and_exits_2(
     assert len(err.splitlines()) == 1
 
 
+@pytest.mark.parametrize(
+    ("var", "value"),
+    [("PAYAUTH_DATABASE_URL", "postgresql://payauth:s3cret@localhost:abc/payauth"),
+     ("PAYAUTH_DATABASE_URL", "postgresql://payauth:s3cret@h1:5432,h2:99999/payauth"),
+     ("PAYAUTH_REDIS_URL", "redis://:s3cret@localhost:abc/0"),
+     ("PAYAUTH_MAX_REFUND_AMOUNT", "NaN")],
+)
+def test_malformed_url_port_is_one_line_without_the_secret(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], var: str, value: str
+) -> None:
+    from service.cli import main
+
+    monkeypatch.setenv(var, value)
+    assert main(["verify"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"payauth: invalid configuration: {var}: "), err
+    assert len(err.splitlines()) == 1 and "s3cret" not in err
+
+
 def _stored(result: Result, reason: DeclineReason | None) -> StoredResult:
     return StoredResult(
         "TXN-VISA-8847291", "fp", result, reason, "ACC-44821", "125.50", "EUR", "PURCHASE",
@@ -110,3 +129,28 @@ def test_event_bytes_are_compact_json_in_contract_order() -> None:
                    _stored(Result.DECLINED, DeclineReason.INSUFFICIENT_FUNDS)):
         event = result_event(stored)
         assert encode_event(event) == json.dumps(event, separators=(",", ":")).encode()
+
+
+def test_every_setting_is_in_the_readme_table() -> None:
+    """The README's settings table is the operator's reference: no setting may hide."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    documented: set[str] = set()
+    for row in readme.splitlines():
+        names = re.findall(r"`(PAYAUTH_[A-Z0-9_]+|_[A-Z0-9_]+)`", row.split("|")[1]) \
+            if row.startswith("| `PAYAUTH_") else []
+        if not names:
+            continue
+        base = names[0].split("_")
+        documented.add(names[0])
+        # A row may group variables: `PAYAUTH_DB_POOL_MIN` / `_MAX`, `PAYAUTH_KAFKA_…`, `_SCOPE`.
+        for sibling in names[1:]:
+            if sibling.startswith("PAYAUTH_"):
+                documented.add(sibling)
+            else:
+                documented.update("_".join(base[:i]) + sibling for i in range(2, len(base)))
+    test_only = {"fault_point", "unsafe_ordering"}
+    missing = {f"PAYAUTH_{name.upper()}" for name in Settings.model_fields} - documented
+    assert missing <= {f"PAYAUTH_{n.upper()}" for n in test_only}, sorted(missing)
