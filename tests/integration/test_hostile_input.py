@@ -239,10 +239,14 @@ def test_a_worker_that_cannot_reach_kafka_says_so_in_json_once_per_interval(
 
 def test_no_raw_librdkafka_line_reaches_stderr(tmp_path: Path) -> None:
     """The clients the operator tools build log through the service's logging too."""
-    code = ("from service.config import load_settings; from service.logs import configure_logging;"
-            "from service.adapters.kafka import client_config; from confluent_kafka import Producer;"
-            "configure_logging(); p = Producer(client_config(load_settings()));"
-            "p.produce('x', b'v'); p.flush(6)")
+    code = ("from service.config import load_settings\n"
+            "from service.logs import configure_logging\n"
+            "from service.adapters.kafka import client_config\n"
+            "from confluent_kafka import Producer\n"
+            "configure_logging()\n"
+            "p = Producer(client_config(load_settings()))\n"
+            "p.produce('x', b'v')\n"
+            "p.flush(6)\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PAYAUTH_")}
     env["PAYAUTH_KAFKA_BOOTSTRAP_SERVERS"] = "127.0.0.1:1"
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
