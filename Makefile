@@ -10,7 +10,7 @@ BENCH_OUT ?= .bench/results.json
 STAMP := $(VENV)/.installed
 
 .PHONY: help venv stack-up stack-down stack-status test-tools migrate run demo test test-unit \
-        test-integration test-e2e check lint types bench chaos lock clean
+        test-deploy test-integration test-e2e check lint types bench chaos lock clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -20,7 +20,9 @@ $(STAMP): requirements-dev.lock pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install -q --upgrade pip >/dev/null
 	@$(PY) -m pip install -q --require-hashes -r requirements-dev.lock
-	@$(PY) -m pip install -q --no-deps -e .
+	@# setuptools warns about every editable install; the warning is not for the reader
+	@$(PY) -m pip install -q --no-deps -e . >$(VENV)/editable-install.log 2>&1 \
+	  || { cat $(VENV)/editable-install.log; exit 1; }
 	@touch $(STAMP)
 
 venv: $(STAMP) ## create .venv with the locked dependencies
@@ -44,13 +46,16 @@ run: venv ## one worker in the foreground (configure with PAYAUTH_* variables)
 	@$(PAYAUTH) run
 
 demo: stack-up migrate ## the main job end to end: two workers, duplicates, DLQ, summary, verify
-	@PAYAUTH_LOG_LEVEL=WARNING $(PAYAUTH) demo
+	@PAYAUTH_LOG_LEVEL=WARNING $(PY) -m service.devtools demo
 
-test: stack-up test-tools ## every test tier (unit, integration, e2e, a short chaos run) on the local stack
-	@$(PY) -m pytest -q tests/unit tests/integration tests/e2e tests/chaos
+test: stack-up test-tools ## every test tier (unit, deploy, integration, e2e, a short chaos run)
+	@$(PY) -m pytest -q tests/unit tests/deploy tests/integration tests/e2e tests/chaos
 
-test-unit: venv test-tools ## unit tests only (no services needed)
+test-unit: venv ## unit tests only: pure logic, no I/O, no services, no tools
 	@$(PY) -m pytest -q tests/unit
+
+test-deploy: venv test-tools ## the deployment artifacts: alert rules (promtool), k8s, compose, image
+	@$(PY) -m pytest -q tests/deploy
 
 test-integration: stack-up ## integration tests (real Kafka, PostgreSQL, Redis)
 	@$(PY) -m pytest -q tests/integration
@@ -59,10 +64,10 @@ test-e2e: stack-up ## end-to-end tests
 	@$(PY) -m pytest -q tests/e2e
 
 bench: stack-up ## benchmark report, ratios against baselines run alongside; JSON to $(BENCH_OUT)
-	@BENCH_OUT=$(BENCH_OUT) $(PY) -m service.bench.run
+	@BENCH_OUT=$(BENCH_OUT) $(PY) -m service.devtools.bench.run
 
 chaos: stack-up migrate ## fault-injection run + invariant checker (CHAOS_SECONDS, CHAOS_SEED)
-	@$(PY) -m service.chaos.run
+	@$(PY) -m service.devtools.chaos.run
 
 check: lint types ## lint + types
 

@@ -30,12 +30,6 @@ def _cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
 def _cmd_verify(settings: Settings, args: argparse.Namespace) -> int:
     from service.verify import report, verify
 
-    if args.against:
-        from service.chaos.checker import check
-
-        result = check(settings, Path(args.against), redis_prefix=args.redis_prefix)
-        print(result.render())
-        return 0 if result.ok else 1
     text, ok = report(asyncio.run(verify(settings.database_url.get_secret_value())))
     print(text)
     return 0 if ok else 1
@@ -128,14 +122,6 @@ def _cmd_purge(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
-    from service.demo import run_demo
-
-    return run_demo(settings, transactions=args.transactions, accounts=args.accounts,
-                    seed=args.seed, log_dir=Path(args.log_dir),
-                    ports=tuple(int(p) for p in args.metrics_ports.split(",")))
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="payauth",
@@ -151,9 +137,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_migrate)
 
     p = sub.add_parser("verify", help="check the money invariants; exit 0 only if all hold")
-    p.add_argument("--against", metavar="LOG",
-                   help="also hold topics, DB and Redis against a load generator's log")
-    p.add_argument("--redis-prefix", help="with --against: check Redis keys dedup:PREFIX*")
     p.set_defaults(func=_cmd_verify)
 
     p = sub.add_parser("topics", help="create the input, output and dead-letter topics")
@@ -186,17 +169,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--execute", action="store_true")
     p.set_defaults(func=_cmd_dlq_redrive)
 
-    p = sub.add_parser("demo", help="the end-to-end demo on the local stack (make demo)")
-    p.add_argument("--transactions", type=int, default=3000)
-    p.add_argument("--accounts", type=int, default=200)
-    p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--log-dir", default=".demo")
-    p.add_argument("--metrics-ports", default="9101,9102", help="the two workers' ports")
-    p.set_defaults(func=_cmd_demo)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The runtime's command line: it imports no dev tool (``payauth-dev`` has those)."""
     args = build_parser().parse_args(argv)
     try:
         settings = load_settings()

@@ -96,16 +96,6 @@ class Settings(BaseSettings):
     log_format: Literal["json", "console"] = "json"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
-    # --- Test-only fault injection (never set in production): name of a commit point at
-    # which the worker kills itself with SIGKILL ("before_db_commit", "after_db_commit",
-    # "after_publish", "after_redis_set"), or "rollback_once": roll the first batch's
-    # transaction back after its writes, as a failing COMMIT would.
-    fault_point: Literal["", "before_db_commit", "after_db_commit", "after_publish",
-                         "after_redis_set", "rollback_once"] = ""
-    # Test-only, deliberately WRONG commit order, for the checker's negative control: write
-    # the Redis key before the database COMMIT. Never set this anywhere else.
-    unsafe_ordering: Literal["", "redis_before_commit"] = ""
-
     @field_validator("log_level", mode="before")
     @classmethod
     def _upper_level(cls, value: object) -> object:

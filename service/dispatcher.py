@@ -5,8 +5,8 @@ that has no batch in flight (up to ``max_batch``), so one database transaction, 
 round trip and one wait for Kafka acknowledgements serve many partitions at once; a partition
 is in at most one batch at a time, so its messages are processed in offset order. Up to
 ``max_in_flight`` batches run concurrently (on disjoint partitions), overlapping one batch's
-waits with another's work. When a batch finishes, each partition's next offset is reported to
-the ``OffsetTracker`` for the consumer thread to store.
+waits with another's work. The processor runs the commit order (``service/pipeline.py``),
+reporting offsets included; here, only scheduling.
 
 Under light load a batch is whatever arrived since the last one (low latency); under heavy
 load batches grow by themselves (high throughput).
@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from service.adapters.kafka import TP, OffsetTracker
+from service.ports import TP
 
 log = structlog.get_logger(__name__)
 
@@ -36,14 +36,12 @@ class Dispatcher:
     def __init__(
         self,
         processor: Processor,
-        tracker: OffsetTracker,
         *,
         max_batch: int,
         close_timeout: float,
         max_in_flight: int = 2,
     ) -> None:
         self._processor = processor
-        self._tracker = tracker
         self._max_batch = max_batch
         self._close_timeout = close_timeout
         self._max_in_flight = max_in_flight
@@ -153,15 +151,12 @@ class Dispatcher:
         assert task is not None  # always run as a task (see _start_batches)
         try:
             await self._processor.process(batch)
-            last: dict[TP, tuple[int, int]] = {}
+            last: dict[TP, int] = {}
             for msg in batch:
-                tp = (msg.topic(), msg.partition())
-                _, count = last.get(tp, (0, 0))
-                last[tp] = (msg.offset() + 1, count + 1)
-            for tp, (next_offset, count) in last.items():
-                self._tracker.done(tp, next_offset, count)
+                last[(msg.topic(), msg.partition())] = msg.offset()
+            for tp, last_offset in last.items():
                 arrivals = self._arrivals.get(tp)
-                while arrivals and arrivals[0][0] < next_offset:
+                while arrivals and arrivals[0][0] <= last_offset:
                     arrivals.popleft()
         except asyncio.CancelledError:
             raise

@@ -1,68 +1,79 @@
-"""A batch (one or more partitions, offset order within each), through the commit order.
-This is the exactly-once argument.
+"""The commit order: a batch (one or more partitions, offset order within each), from its
+messages to its stored offsets. This is the exactly-once argument, written once; the other
+modules point here.
 
 ``BatchProcessor.process(messages)``:
 
-1. Read each message's key fields cheaply (``redelivery_key``).
-2. Redis fast path, one round trip: a transaction whose stored fingerprint matches is a
-   duplicate already decided, committed and published; skip it. The rest (a different
-   fingerprint, a miss, Redis down) is parsed strictly and validated (exact Decimals;
+1. Read each message's key fields cheaply (``plan.read_keys``).
+2. Fast path (``Cache``), one round trip: a transaction whose stored fingerprint matches is
+   a duplicate already decided, committed and published; skip it. The rest (a different
+   fingerprint, a miss, the cache down) is parsed strictly and validated (exact Decimals;
    invalid → dead-letter) and goes to step 3.
-3. PostgreSQL: read the dedup records of the rest (duplicates and conflicts), then decide the
+3. ``Store``: read the dedup records of the rest (duplicates and conflicts), then decide the
    new ones in one transaction (claim, lock accounts, decide, debit/credit, ledger, dedup
-   record) and COMMIT. Another replica claiming first → ``ClaimLost`` → back to step 3.
+   record) and COMMIT. Another replica claiming first → ``ClaimLost`` → back to step 1.
 4. Publish every result event (new decisions, and stored results never confirmed published)
-   and every dead-letter record; wait until Kafka acknowledges them all.
-5. Report the batch finished: the consumer thread may now store its offsets for commit.
-6. Hand the published transactions to the ``Confirmations`` flusher, which records their
-   publication in PostgreSQL (a receipt per deciding batch) and only then writes them to the
-   Redis fast path, for many batches at once. Both are optimizations that may be lost (a
-   crash, Redis down): the cost is a harmless republication of the same event_id, never a
-   loss, because neither is written before the COMMIT and the acknowledgement it records.
+   and every dead-letter record (``Publisher``); wait until Kafka acknowledges them all.
+5. Report the batch's offsets finished (``OffsetSink``): only now may the consumer thread
+   store them for commit (``adapters/kafka/consumer.py`` commits what was stored, every
+   ``PAYAUTH_COMMIT_INTERVAL_MS`` and synchronously on revoke and stop).
+6. Hand the published transactions to ``Confirmations``, which records their publication
+   in the store (a receipt per deciding batch) and only then writes them to the fast path,
+   for many batches at once. Both are optimizations that may be lost (a crash, the cache
+   down): the cost is a harmless republication of the same event_id, never a loss, because
+   neither is written before the COMMIT and the acknowledgement it records.
 
 A crash or error anywhere repeats the batch from step 1 (here, or at the next owner after a
 replay): every step is safe to repeat. Transient failures are retried here with backoff, so
 the batch's partitions make no progress and commit nothing until the dependency is back.
 Any other failure is isolated to the one message that causes it, which is dead-lettered
 (``process``): no message can stop its partition.
+
+What each message becomes is decided by the pure functions of ``plan``; metrics and log
+lines come from ``accounting``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import random
 import time
-from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from decimal import Decimal
-from typing import Protocol
+from dataclasses import dataclass
 from uuid import UUID
 
 import structlog
 
 from service import metrics
-from service.adapters.kafka import Record
-from service.adapters.postgres import ClaimLost, DataRejected
-from service.dead_letter import SourceMessage, dead_letter_payload
-from service.domain.decision import Kind, Outcome, Result, StoredResult, classify
-from service.domain.errors import (
-    DeadLetterReason,
-    InvalidMessage,
-    PublishFailed,
-    StoreUnavailable,
-    TransientError,
-)
+from service.accounting import StageClock, account
+from service.dead_letter import dead_letter_payload
+from service.domain.dedup import StoredResult
+from service.domain.errors import DeadLetterReason, PublishFailed, StoreUnavailable, TransientError
 from service.domain.events import encode_event, result_event
-from service.domain.messages import (
-    DEFAULT_MAX_REFUND,
-    Authorization,
-    decode_authorization,
-    redelivery_key,
+from service.domain.messages import Authorization
+from service.plan import (
+    BatchPlan,
+    Invalid,
+    Limits,
+    MessageOutcome,
+    decided,
+    decode_all,
+    failure_detail,
+    read_keys,
+    split_fast_path,
+    split_stored,
 )
-from service.domain.pan import redact
-from service.faults import FaultInjector
+from service.ports import (
+    TP,
+    Cache,
+    ClaimLost,
+    DataRejected,
+    Message,
+    OffsetSink,
+    Publisher,
+    Record,
+    Store,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -70,52 +81,6 @@ log = structlog.get_logger(__name__)
 # message.max.bytes. The worker passes what it read from the producer and the topic.
 DEFAULT_DEAD_LETTER_BYTES = 1_000_000
 MIN_DEAD_LETTER_BYTES = 16_384
-
-
-class Message(SourceMessage, Protocol):
-    def value(self) -> bytes | None: ...
-    def key(self) -> bytes | None: ...
-
-
-class Store(Protocol):
-    async def ping(self) -> bool: ...
-    async def load_stored(self, txn_ids: Sequence[str]) -> dict[str, StoredResult]: ...
-    async def authorize(
-        self,
-        new: Sequence[Authorization],
-        *,
-        source_topic: str,
-        source_partitions: Sequence[int],
-        source_offsets: Sequence[int],
-    ) -> list[StoredResult]: ...
-    async def mark_published(self, batch_ids: Sequence[UUID],
-                             txn_ids: Sequence[str]) -> None: ...
-
-
-class Cache(Protocol):
-    @property
-    def up(self) -> bool: ...
-    async def get_many(self, txn_ids: Sequence[str]) -> dict[str, str]: ...
-    async def set_many(self, fingerprints: dict[str, str]) -> bool: ...
-
-
-class Sender(Protocol):
-    async def publish(self, records: Sequence[Record]) -> None: ...
-
-
-@dataclass
-class _Plan:
-    """What to do with each message of the batch, filled in by the steps."""
-
-    # (message, outcome, layer or dead-letter reason, transaction_id, message_id); the ids
-    # only once validated (a matching fingerprint validates the transaction_id), so that no
-    # card data can ever reach a log line through them
-    outcomes: list[tuple[Message, Outcome, str | None, str | None, str | None]] = field(
-        default_factory=list
-    )
-    events: dict[str, tuple[StoredResult, bool]] = field(default_factory=dict)  # id → (, repeat)
-    dead_letters: list[tuple[Message, DeadLetterReason, str]] = field(default_factory=list)
-    cache: dict[str, str] = field(default_factory=dict)  # txn_id → fingerprint, after publish
 
 
 @dataclass(frozen=True)
@@ -129,34 +94,30 @@ class BatchProcessor:
         self,
         store: Store,
         cache: Cache,
-        sender: Sender,
+        publisher: Publisher,
+        offsets: OffsetSink,
         topics: Topics,
         *,
-        faults: FaultInjector | None = None,
-        max_message_bytes: int = 65_536,
-        max_refund: Decimal = DEFAULT_MAX_REFUND,
+        limits: Limits | None = None,
         dead_letter_max_bytes: int = DEFAULT_DEAD_LETTER_BYTES,
         backoff_initial: float = 0.1,
         backoff_max: float = 10.0,
         poison_attempts: int = 3,
-        unsafe_redis_before_commit: bool = False,
     ) -> None:
         self._store = store
         self._cache = cache
-        self._sender = sender
+        self._publisher = publisher
+        self._offsets = offsets
         self._topics = topics
-        self._faults = faults or FaultInjector("")
-        self._max_bytes = max_message_bytes
-        self._max_refund = max_refund
+        self._limits = limits or Limits()
         self._dead_letter_limit = dead_letter_max_bytes
+        self._backoff_initial = backoff_initial
+        self._backoff_max = backoff_max
         self._poison_attempts = poison_attempts
         # (topic, partition, offset) → why: messages that failed every attempt, to be
         # dead-lettered by the next run of their (one-message) batch.
         self._condemned: dict[tuple[str | None, int | None, int | None], str] = {}
-        self._backoff_initial = backoff_initial
-        self._backoff_max = backoff_max
-        self._unsafe_redis_before_commit = unsafe_redis_before_commit
-        self.confirmations = Confirmations(store, cache, self._faults)
+        self.confirmations = Confirmations(store, cache)
         self.store_ok = True
 
     async def process(self, msgs: Sequence[Message]) -> None:
@@ -184,12 +145,11 @@ class BatchProcessor:
                     break
                 except TransientError as exc:
                     attempt += 1
-                    cause = _cause(exc)
                     if isinstance(exc, StoreUnavailable):
                         self.store_ok = False
                     if isinstance(exc, PublishFailed) and exc.too_large:
                         self._shrink_dead_letter_limit()
-                    await self._back_off(msgs, attempt, cause, exc)
+                    await self._back_off(msgs, attempt, _cause(exc), exc)
                 except Exception as exc:  # not transient: a bug, or an input nobody foresaw
                     if len(msgs) > 1:
                         await self._isolate(msgs, exc)
@@ -199,19 +159,19 @@ class BatchProcessor:
                         attempt += 1
                         await self._back_off(msgs, attempt, "unexpected", exc)
                         continue
-                    self._condemned[_coordinates(msgs[0])] = _failure_detail(exc)
+                    self._condemned[_coordinates(msgs[0])] = failure_detail(exc)
         finally:
             if len(msgs) == 1:
                 self._condemned.pop(_coordinates(msgs[0]), None)
         self.store_ok = True
-        self._account(plan)
+        account(plan)
 
     async def _isolate(self, msgs: Sequence[Message], exc: Exception) -> None:
         """Split a batch that failed for no transient reason; each half goes on alone, in
         order (a partition's messages keep their order: the halves run one after the other)."""
         metrics.retries_total.labels("isolate").inc()
-        log.error("batch_failed_isolating", messages=len(msgs), error=_failure_detail(exc),
-                  partitions=sorted({m.partition() for m in msgs}, key=lambda p: p or 0),
+        log.error("batch_failed_isolating", messages=len(msgs), error=failure_detail(exc),
+                  partitions=sorted({m.partition() or 0 for m in msgs}),
                   first_offset=msgs[0].offset())
         half = len(msgs) // 2
         await self._process(msgs[:half])
@@ -225,7 +185,7 @@ class BatchProcessor:
         log.warning(
             "batch_retry", cause=cause, attempt=attempt, delay_s=round(delay, 3),
             partition=msgs[0].partition(), first_offset=msgs[0].offset(),
-            messages=len(msgs), error=_failure_detail(exc),
+            messages=len(msgs), error=failure_detail(exc),
         )
         await asyncio.sleep(delay)
 
@@ -236,223 +196,121 @@ class BatchProcessor:
         log.warning("dead_letter_limit_lowered", max_record_bytes=self._dead_letter_limit)
 
     # ------------------------------------------------------------------ steps
-    async def _run_once(self, msgs: Sequence[Message]) -> _Plan:
-        plan = _Plan()
-        stage = _StageClock()
-        # 1. read each message's key fields, cheaply (None: the full path decides)
-        if self._condemned:
-            condemned = [self._condemned.get(_coordinates(msg)) for msg in msgs]
-            if any(condemned):
-                return await self._dead_letter_condemned(msgs, condemned)
-        keys = [redelivery_key(msg.value(), max_bytes=self._max_bytes) for msg in msgs]
+    async def _run_once(self, msgs: Sequence[Message]) -> BatchPlan:
+        if self._condemned and any(_coordinates(m) in self._condemned for m in msgs):
+            return await self._dead_letter_condemned(msgs)
+        stage = StageClock()
+        # 1. the key fields, cheaply
+        keys = read_keys(msgs, self._limits)
         stage.lap("parse")
 
-        # 2. Redis fast path, before the strict parse and the schema check: a redelivery
-        # whose key fields are exactly those of a decided transaction needs nothing more (a
-        # replay of millions skips the costliest steps); anything else is parsed, validated
-        # and goes on to PostgreSQL.
+        # 2. fast path, before the strict parse and the schema check: a redelivery whose key
+        # fields are exactly those of a decided transaction needs nothing more (a replay of
+        # millions skips the costliest steps); anything else is parsed and validated.
         started = time.perf_counter()
         known = await self._cache.get_many([key[0] for key in keys if key is not None])
         metrics.dedup_lookup_seconds.labels("redis").observe(time.perf_counter() - started)
         metrics.redis_up.set(1 if self._cache.up else 0)
         stage.lap("redis")
-        to_store: list[tuple[Message, Authorization]] = []
-        for msg, key in zip(msgs, keys, strict=True):
-            if key is not None and known.get(key[0]) == key[1]:
-                plan.outcomes.append((msg, Outcome.DUPLICATE, "redis", key[0], None))
-                continue
-            try:
-                to_store.append((msg, decode_authorization(
-                    msg.value(), max_bytes=self._max_bytes, max_refund=self._max_refund)))
-            except InvalidMessage as exc:
-                self._invalid(plan, msg, exc)
-            except Exception as exc:  # decoding is pure: trying again would fail the same way
-                self._invalid(plan, msg, InvalidMessage(
-                    DeadLetterReason.PROCESSING_FAILED, f"decoding failed: {_failure_detail(exc)}"))
+        fast_duplicates, rest = split_fast_path(msgs, keys, known)
+        valid, invalid = decode_all(rest, self._limits)
         stage.lap("validate")
 
-        # 3. PostgreSQL
-        if to_store:
-            await self._decide(to_store, plan, stage)
+        # 3. the store
+        outcomes: list[MessageOutcome] = [*fast_duplicates, *invalid]
+        if valid:
+            outcomes += await self._decide(valid, stage)
+        plan = BatchPlan(outcomes)
 
         # 4. publish results and dead letters; wait for every acknowledgement
         await self._publish(plan)
         stage.lap("publish")
         metrics.batch_messages.observe(len(msgs))
-        self._faults.reach("after_publish")
 
-        # 6. (off the critical path) confirm publication, then the Redis fast path
-        self.confirmations.add(plan.events.values(), plan.cache)
+        # 5. only now may the offsets be stored and committed
+        self._report_offsets(msgs)
+
+        # 6. (off the critical path) confirm publication, then the fast path
+        self.confirmations.add(plan.events(), plan.fast_path_entries())
         return plan
 
-    async def _dead_letter_condemned(self, msgs: Sequence[Message],
-                                     condemned: list[str | None]) -> _Plan:
-        """The message that kept failing (``process``): to the dead-letter topic, alone."""
-        plan = _Plan()
-        for msg, detail in zip(msgs, condemned, strict=True):
-            assert detail is not None, "a condemned message is always processed alone"
-            self._invalid(plan, msg, InvalidMessage(DeadLetterReason.PROCESSING_FAILED,
-                                                    detail))
-        await self._publish(plan)
-        return plan
-
-    @staticmethod
-    def _invalid(plan: _Plan, msg: Message, exc: InvalidMessage) -> None:
-        plan.dead_letters.append((msg, exc.reason, exc.detail))
-        plan.outcomes.append((msg, Outcome.INVALID, exc.reason.value, None, None))
-
-    async def _decide(self, items: list[tuple[Message, Authorization]], plan: _Plan,
-                      stage: _StageClock) -> None:
-        auths = [a for _, a in items]
+    async def _decide(self, valid: list[tuple[Message, Authorization]],
+                      stage: StageClock) -> list[MessageOutcome]:
         started = time.perf_counter()
-        stored = await self._store.load_stored(list({a.transaction_id for a in auths}))
+        stored = await self._store.load_stored(list({a.transaction_id for _, a in valid}))
         metrics.dedup_lookup_seconds.labels("postgres").observe(time.perf_counter() - started)
         stage.lap("postgres_lookup")
-        classified = classify(auths, stored)
-        new_items = [(m, c.auth) for (m, _), c in zip(items, classified, strict=True)
-                     if c.kind is Kind.NEW]
-        decided = await self._authorize(new_items, plan)
+        new, repeats = split_stored(valid, stored)
+        refused: list[Invalid] = []
+        records = await self._authorize(new, refused)
         stage.lap("postgres_commit")
-        first_results = {r.transaction_id: r for r in decided}
+        return [*decided(new, {r.transaction_id: r for r in records}), *repeats, *refused]
 
-        for (msg, auth), c in zip(items, classified, strict=True):
-            if c.kind is Kind.NEW:
-                record = first_results.get(auth.transaction_id)
-                if record is None:
-                    continue  # dead-lettered by _authorize
-                outcome = Outcome.APPROVED if record.result is Result.APPROVED else Outcome.DECLINED
-                plan.outcomes.append((msg, outcome, None, auth.transaction_id, auth.message_id))
-                plan.events[auth.transaction_id] = (record, False)
-                plan.cache[auth.transaction_id] = auth.fingerprint
-            elif c.kind is Kind.DUPLICATE:
-                plan.outcomes.append((msg, Outcome.DUPLICATE, "postgres", auth.transaction_id,
-                                      auth.message_id))
-                if c.previous is not None:
-                    if not c.previous.published:
-                        # Decided earlier but its event was never confirmed: publish it again.
-                        plan.events.setdefault(auth.transaction_id, (c.previous, True))
-                    plan.cache[auth.transaction_id] = auth.fingerprint
-            else:
-                plan.outcomes.append((msg, Outcome.CONFLICT, None, auth.transaction_id,
-                                      auth.message_id))
-                plan.dead_letters.append(
-                    (msg, DeadLetterReason.IDEMPOTENCY_KEY_CONFLICT,
-                     "transaction_id already seen with a different amount, currency, account "
-                     "or type; nothing was debited")
-                )
-
-    async def _authorize(
-        self, items: list[tuple[Message, Authorization]], plan: _Plan
-    ) -> list[StoredResult]:
-        """Commit the new ones; if PostgreSQL rejects the data itself, find the message(s)
+    async def _authorize(self, items: list[tuple[Message, Authorization]],
+                         refused: list[Invalid]) -> list[StoredResult]:
+        """Commit the new ones; if the store rejects the data itself, find the message(s)
         responsible one by one and dead-letter them, so one bad row cannot block the rest."""
         if not items:
             return []
         try:
-            records = await self._commit(items)
+            first = items[0][0]
+            return await self._store.authorize(
+                [a for _, a in items],
+                source_topic=first.topic() or "",
+                source_partitions=[m.partition() or 0 for m, _ in items],
+                source_offsets=[m.offset() or 0 for m, _ in items],
+            )
         except DataRejected as exc:
             if len(items) == 1:
-                msg = items[0][0]
-                plan.dead_letters.append((msg, DeadLetterReason.SCHEMA_VIOLATION,
-                                          f"rejected by the database: {str(exc)[:200]}"))
-                plan.outcomes.append((msg, Outcome.INVALID, "database", None, None))
+                refused.append(Invalid(items[0][0], DeadLetterReason.SCHEMA_VIOLATION,
+                                       f"rejected by the database: {str(exc)[:200]}",
+                                       source="database"))
                 return []
-            records = []
+            records: list[StoredResult] = []
             for item in items:
-                records.extend(await self._authorize([item], plan))
-        return records
+                records.extend(await self._authorize([item], refused))
+            return records
 
-    async def _commit(self, items: list[tuple[Message, Authorization]]) -> list[StoredResult]:
-        if self._unsafe_redis_before_commit:
-            # The WRONG order, for the checker's negative control only (see Settings).
-            await self._cache.set_many({a.transaction_id: a.fingerprint for _, a in items})
-        self._faults.reach("before_db_commit")
-        first = items[0][0]
-        records = await self._store.authorize(
-            [a for _, a in items],
-            source_topic=first.topic() or "",
-            source_partitions=[m.partition() or 0 for m, _ in items],
-            source_offsets=[m.offset() or 0 for m, _ in items],
-        )
-        self._faults.reach("after_db_commit")
-        return records
+    async def _dead_letter_condemned(self, msgs: Sequence[Message]) -> BatchPlan:
+        """The message that kept failing (``process``): to the dead-letter topic, alone."""
+        plan = BatchPlan([Invalid(m, DeadLetterReason.PROCESSING_FAILED,
+                                  self._condemned[_coordinates(m)]) for m in msgs])
+        await self._publish(plan)
+        self._report_offsets(msgs)
+        return plan
 
-    async def _publish(self, plan: _Plan) -> None:
-        records = [
-            Record(self._topics.output, record.account_id,
-                   encode_event(result_event(record)))
-            for record, _repeat in plan.events.values()
-        ]
-        for msg, reason, detail in plan.dead_letters:
+    async def _publish(self, plan: BatchPlan) -> None:
+        events = plan.events()
+        records = [Record(self._topics.output, record.account_id,
+                          encode_event(result_event(record))) for record, _repeat in events]
+        for letter in plan.dead_letters():
+            msg = letter.msg
             key, value, headers = dead_letter_payload(
-                msg, msg.key(), msg.value(), reason, detail,
+                msg, msg.key(), msg.value(), letter.reason, letter.detail,
                 max_record_bytes=self._dead_letter_limit)
             records.append(Record(self._topics.dlq, key, value, headers))
-        await self._sender.publish(records)
-        for _record, repeat in plan.events.values():
+        await self._publisher.publish(records)
+        for _record, repeat in events:
             metrics.events_published_total.labels("republish" if repeat else "first").inc()
 
-    # ------------------------------------------------------------- accounting
-    def _account(self, plan: _Plan) -> None:
-        """Metrics once per batch; one log line per batch for its decisions (partition,
-        offset, transaction_id, outcome each: the audit trail, searchable by id, at a fraction
-        of the cost of a line each), one per problem; duplicates are summed up in one warning
-        per batch, ids included, so that a replay of millions does not flood the logs."""
-        outcomes: Counter[str] = Counter()
-        layers: Counter[str] = Counter()
-        duplicate_ids: list[str] = []
-        decided: list[tuple[int | None, int | None, str | None, str]] = []
-        debug = log.is_enabled_for(logging.DEBUG)
-        for msg, outcome, detail, txn_id, message_id in plan.outcomes:
-            outcomes[outcome.value] += 1
-            if outcome is Outcome.DUPLICATE:  # the common case of a replay: kept cheap
-                layers[detail or "postgres"] += 1
-                if txn_id is not None:
-                    duplicate_ids.append(txn_id)
-                if debug:
-                    log.debug("duplicate", layer=detail, partition=msg.partition(),
-                              offset=msg.offset(), transaction_id=txn_id)
-            elif outcome is Outcome.APPROVED or outcome is Outcome.DECLINED:
-                decided.append((msg.partition(), msg.offset(), txn_id, outcome.value))
-            else:
-                fields: dict[str, object] = {
-                    "partition": msg.partition(), "offset": msg.offset(),
-                    "outcome": outcome.value, "transaction_id": txn_id,
-                    "message_id": message_id,
-                }
-                if outcome is Outcome.INVALID:
-                    log.warning("dead_lettered", reason=detail, **fields)
-                else:
-                    log.warning("idempotency_key_conflict", **fields)
-        if decided:
-            log.info("decided", count=len(decided),
-                     decisions=[{"partition": p, "offset": o, "transaction_id": t,
-                                 "outcome": r} for p, o, t, r in decided])
-        for name, count in outcomes.items():
-            metrics.messages_total.labels(name).inc(count)
-        for layer, count in layers.items():
-            metrics.duplicates_total.labels(layer).inc(count)
-        if duplicate_ids:
-            first = plan.outcomes[0][0]
-            log.warning(
-                "duplicates", count=len(duplicate_ids), by_layer=dict(layers),
-                partition=first.partition(), transaction_ids=duplicate_ids[:100],
-                more=max(0, len(duplicate_ids) - 100),
-            )
-        reasons = Counter(reason.value for _msg, reason, _detail in plan.dead_letters)
-        for reason, count in reasons.items():
-            metrics.dead_letters_total.labels(reason).inc(count)
+    def _report_offsets(self, msgs: Sequence[Message]) -> None:
+        last: dict[TP, tuple[int, int]] = {}
+        for msg in msgs:
+            tp = (msg.topic() or "", msg.partition() or 0)
+            _, count = last.get(tp, (0, 0))
+            last[tp] = ((msg.offset() or 0) + 1, count + 1)
+        for tp, (next_offset, count) in last.items():
+            self._offsets.done(tp, next_offset, count)
 
 
 class Confirmations:
-    """Records publication in PostgreSQL (a receipt per batch that decided transactions, or
-    published_at for a republished record), then remembers the transactions in Redis, many
-    batches at a time (one statement and one Redis round trip per flush)."""
+    """Records publication in the store (a receipt per batch that decided transactions, or
+    published_at for a republished record), then remembers the transactions in the fast path,
+    many batches at a time (one statement and one cache round trip per flush)."""
 
-    def __init__(self, store: Store, cache: Cache, faults: FaultInjector) -> None:
+    def __init__(self, store: Store, cache: Cache) -> None:
         self._store = store
         self._cache = cache
-        self._faults = faults
         self._receipts: set[UUID] = set()
         self._republished: list[str] = []
         self._fingerprints: dict[str, str] = {}
@@ -483,7 +341,6 @@ class Confirmations:
         if fingerprints:
             await self._cache.set_many(fingerprints)
             metrics.redis_up.set(1 if self._cache.up else 0)
-            self._faults.reach("after_redis_set")
 
     async def run(self, interval: float = 0.05) -> None:
         """Flush whenever there is something, at most every ``interval`` seconds."""
@@ -494,25 +351,8 @@ class Confirmations:
             await asyncio.sleep(interval)
 
 
-class _StageClock:
-    """Observes the time since the previous lap under the stage just finished."""
-
-    def __init__(self) -> None:
-        self._last = time.perf_counter()
-
-    def lap(self, stage: str) -> None:
-        now = time.perf_counter()
-        metrics.stage_seconds.labels(stage).observe(now - self._last)
-        self._last = now
-
-
 def _coordinates(msg: Message) -> tuple[str | None, int | None, int | None]:
     return msg.topic(), msg.partition(), msg.offset()
-
-
-def _failure_detail(exc: BaseException) -> str:
-    """The error's type and first words, masked: an error text may quote its input."""
-    return redact(f"{type(exc).__name__}: {exc}")[:300]
 
 
 def _cause(exc: TransientError) -> str:

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 from confluent_kafka import Producer
 
-from service.adapters.kafka import client_config, producer_config, read_one, read_snapshot
+from service.adapters.kafka.admin import read_one, read_snapshot
+from service.adapters.kafka.config import client_config, producer_config
 from service.config import Settings
 from service.domain.pan import redact
 

@@ -22,7 +22,8 @@ from datetime import UTC, datetime, timedelta
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from service.adapters.kafka import client_config, committed_offsets
+from service.adapters.kafka.admin import committed_offsets
+from service.adapters.kafka.config import client_config
 from service.config import Settings
 
 

@@ -7,7 +7,8 @@ import time
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]  # re-exported from cimpl at run time
 
-from service.adapters.kafka import client_config, committed_offsets
+from service.adapters.kafka.admin import committed_offsets
+from service.adapters.kafka.config import client_config
 from service.config import Settings
 
 

@@ -3,6 +3,10 @@ SIGTERM/SIGINT, then shuts down in order:
 
     stop taking new messages → finish batches in progress → store and synchronously commit
     their offsets → close the consumer (leaves the group) → flush the producer → exit 0
+
+``Wiring`` is the composition root's one seam: the test and chaos entry point
+(``service/devtools/entry.py``) passes one that wraps the adapters with fault injectors;
+``payauth run`` uses the plain adapters.
 """
 
 from __future__ import annotations
@@ -11,46 +15,58 @@ import asyncio
 import contextlib
 import gc
 import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import structlog
 from confluent_kafka import Producer
 
 from service import metrics
-from service.adapters.kafka import (
-    ConsumerThread,
-    Handoff,
-    OffsetTracker,
-    Publisher,
-    client_config,
-    producer_config,
-    topic_max_message_bytes,
-)
+from service.adapters.kafka.admin import topic_max_message_bytes
+from service.adapters.kafka.config import client_config, producer_config
+from service.adapters.kafka.consumer import ConsumerThread, Handoff, OffsetTracker
+from service.adapters.kafka.publisher import Publisher as KafkaPublisher
 from service.adapters.postgres import PostgresStore
 from service.adapters.redis_cache import RedisDedupCache
 from service.config import Settings
 from service.dispatcher import Dispatcher
 from service.domain.errors import StoreUnavailable
-from service.faults import FaultInjector
 from service.health import Health, serve_http
 from service.pipeline import BatchProcessor, Topics
+from service.plan import Limits
+from service.ports import Cache, Publisher, Store
 
 log = structlog.get_logger(__name__)
 
 
+def _same(adapter: Any, *_: Any) -> Any:
+    return adapter
+
+
+@dataclass(frozen=True)
+class Wiring:
+    """How the adapters are built and wrapped; the default is production's."""
+
+    store_class: type[PostgresStore] = PostgresStore
+    wrap_store: Callable[[Store, Cache], Store] = _same
+    wrap_cache: Callable[[Cache], Cache] = _same
+    wrap_publisher: Callable[[Publisher], Publisher] = _same
+
+
 async def connect_store(
-    settings: Settings, stop: asyncio.Event, faults: FaultInjector
+    settings: Settings, stop: asyncio.Event, store_class: type[PostgresStore] = PostgresStore
 ) -> PostgresStore | None:
     """Connect to PostgreSQL, retrying with backoff while it is down (None if stopped)."""
     delay = settings.retry_backoff_initial_ms / 1000
     while not stop.is_set():
         try:
-            return await PostgresStore.connect(
+            return await store_class.connect(
                 settings.database_url.get_secret_value(),
                 min_size=settings.db_pool_min,
                 max_size=settings.db_pool_max,
                 statement_timeout_ms=settings.statement_timeout_ms,
                 lock_timeout_ms=settings.lock_timeout_ms,
-                faults=faults,
             )
         except StoreUnavailable as exc:
             log.warning("postgres_unavailable_at_start", error=str(exc)[:300], retry_in_s=delay)
@@ -60,7 +76,8 @@ async def connect_store(
     return None
 
 
-async def run_worker(settings: Settings) -> int:
+async def run_worker(settings: Settings, wiring: Wiring | None = None) -> int:
+    wiring = wiring or Wiring()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -72,8 +89,7 @@ async def run_worker(settings: Settings) -> int:
     log.info("worker_starting", group_id=settings.group_id, topic=settings.input_topic,
              instance=settings.instance_id(), metrics_port=http.server_address[1])
 
-    faults = FaultInjector(settings.fault_point)
-    store = await connect_store(settings, stop, faults)
+    store = await connect_store(settings, stop, wiring.store_class)
     if store is None:
         http.shutdown()
         return 0
@@ -84,22 +100,22 @@ async def run_worker(settings: Settings) -> int:
         timeout_seconds=settings.redis_timeout_seconds,
     )
     metrics.redis_up.set(1 if await cache.ping() else 0)
-    publisher = Publisher(Producer(producer_config(settings)), loop)
+    publisher = KafkaPublisher(Producer(producer_config(settings)), loop)
+    tracker = OffsetTracker()
+    wrapped_cache = wiring.wrap_cache(cache)
     processor = BatchProcessor(
-        store, cache, publisher,
+        wiring.wrap_store(store, wrapped_cache), wrapped_cache,
+        wiring.wrap_publisher(publisher), tracker,
         Topics(output=settings.output_topic, dlq=settings.dlq_topic),
-        faults=faults,
-        unsafe_redis_before_commit=settings.unsafe_ordering == "redis_before_commit",
-        max_message_bytes=settings.max_message_bytes,
-        max_refund=settings.max_refund_amount,
+        limits=Limits(max_message_bytes=settings.max_message_bytes,
+                      max_refund=settings.max_refund_amount),
         dead_letter_max_bytes=await loop.run_in_executor(None, _dead_letter_limit, settings),
         backoff_initial=settings.retry_backoff_initial_ms / 1000,
         backoff_max=settings.retry_backoff_max_ms / 1000,
     )
     _tune_garbage_collector()
-    tracker = OffsetTracker()
     dispatcher = Dispatcher(
-        processor, tracker,
+        processor,
         max_batch=settings.max_batch_size,
         close_timeout=settings.shutdown_timeout_seconds * 0.8,
         max_in_flight=settings.max_concurrent_batches,

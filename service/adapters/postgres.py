@@ -6,8 +6,8 @@ One batch of new authorizations is one statement, one round trip, committed on i
 
     SELECT … FROM accounts WHERE account_id = ANY(…) ORDER BY account_id FOR UPDATE
         -- lock the accounts (sorted, so two batches lock in the same order), read balances;
-        -- decide each authorization in offset order against them (the rules of
-        -- service/domain/decision.py, which a test holds the function to)
+        -- decide each authorization in offset order against them (the one place the
+        -- rules live; tests hold it to a Python model, tests/support/oracle.py)
     WITH claimed AS (INSERT INTO processed_transactions … ON CONFLICT (txn_id) DO NOTHING),
          ledger  AS (INSERT INTO ledger_entries …),
          moved   AS (UPDATE accounts SET balance = balance + delta …)
@@ -26,36 +26,20 @@ records and sees duplicates.
 
 from __future__ import annotations
 
-import contextlib
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, NoReturn, Self
 
 import asyncpg
 
-from service.domain.decision import (
-    DeclineReason,
-    Result,
-    StoredResult,
-)
+from service.domain.dedup import StoredResult
 from service.domain.errors import StoreUnavailable, TransientError
 from service.domain.messages import Authorization, fingerprint_of
 from service.domain.money import format_amount
-from service.faults import FaultInjector
-
-
-class ClaimLost(TransientError):
-    """Another replica claimed a transaction of this batch first; retry the batch."""
-
-
-class DataRejected(Exception):
-    """PostgreSQL refused the data itself (a constraint the validation did not foresee).
-
-    Not transient: retrying the same batch fails the same way. The caller isolates the
-    message(s) responsible and dead-letters them."""
-
+from service.domain.vocabulary import DeclineReason, Result
+from service.ports import ClaimLost, DataRejected
 
 # Errors that may pass on retry, by class (never by message text).
 _RETRYABLE = (
@@ -101,7 +85,8 @@ SELECT l.txn_id, NULL, 'APPROVED', NULL, l.account_id, abs(l.amount)::text, l.cu
 
 # Locks, decides and writes the batch, and commits on its own: one round trip
 # (migrations/004_authorize_function.sql). Raises SQLSTATE PA409 when a claim was lost.
-_AUTHORIZE = """
+# Public: the benchmark measures this very statement with pgbench.
+AUTHORIZE_STATEMENT = """
 SELECT result, decline_reason
   FROM payauth_authorize($1::text[], $2::text[], $3::numeric[], $4::text[], $5::text[],
                          $6::text[], $7::text[], $8::text[], $9::integer[], $10::bigint[],
@@ -128,7 +113,8 @@ SELECT (SELECT count(*) FROM receipts) AS receipts,
 
 
 def translate(exc: BaseException) -> BaseException:
-    """Map an asyncpg/socket error to the service's own error (or return it unchanged)."""
+    """Map an asyncpg/socket error to the service's own error (the ports' and the domain's);
+    anything else (a bug) is returned unchanged."""
     if getattr(exc, "sqlstate", None) == _CLAIM_LOST_SQLSTATE:
         return ClaimLost(str(exc))
     if isinstance(exc, asyncpg.UniqueViolationError):
@@ -149,14 +135,18 @@ def translate(exc: BaseException) -> BaseException:
     return exc
 
 
-class PlannedRollback(TransientError):
-    """Test-only: the transaction was rolled back on purpose after its writes."""
+def _raise_translated(exc: BaseException) -> NoReturn:
+    translated = translate(exc)
+    if translated is exc:
+        raise exc
+    raise translated from exc
 
 
 class PostgresStore:
-    def __init__(self, pool: asyncpg.Pool, faults: FaultInjector | None = None) -> None:
+    """Implements ``ports.Store``."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
-        self._faults = faults or FaultInjector("")
 
     @classmethod
     async def connect(
@@ -167,8 +157,7 @@ class PostgresStore:
         max_size: int = 8,
         statement_timeout_ms: int = 10_000,
         lock_timeout_ms: int = 5_000,
-        faults: FaultInjector | None = None,
-    ) -> PostgresStore:
+    ) -> Self:
         try:
             pool = await asyncpg.create_pool(
                 dsn,
@@ -191,8 +180,8 @@ class PostgresStore:
                 },
             )
         except Exception as exc:
-            raise translate(exc) from exc
-        return cls(pool, faults)
+            _raise_translated(exc)
+        return cls(pool)
 
     async def close(self) -> None:
         await self._pool.close()
@@ -219,7 +208,7 @@ class PostgresStore:
                 for row in rows
             }
         except Exception as exc:
-            raise translate(exc) from exc
+            _raise_translated(exc)
 
     async def authorize(
         self,
@@ -251,18 +240,9 @@ class PostgresStore:
             batch_id,
         )
         try:
-            # The call commits on its own; only the test-only planned rollback wraps it in a
-            # transaction, to undo it after the writes.
-            armed = self._faults.armed("rollback_once")
-            async with self._pool.acquire() as conn, (
-                    conn.transaction() if armed else contextlib.nullcontext()):
-                rows = await conn.fetch(_AUTHORIZE, *args)
-                if armed and self._faults.once("rollback_once"):
-                    raise PlannedRollback("rolled back on purpose after the writes")
-        except (DataRejected, PlannedRollback):
-            raise
+            rows = await self._call_authorize(args)
         except Exception as exc:
-            raise translate(exc) from exc
+            _raise_translated(exc)
         decisions = [
             (Result(r["result"]),
              DeclineReason(r["decline_reason"]) if r["decline_reason"] else None)
@@ -286,6 +266,12 @@ class PostgresStore:
             for a, (result, reason) in zip(new, decisions, strict=True)
         ]
 
+    async def _call_authorize(self, args: tuple[Any, ...]) -> list[asyncpg.Record]:
+        """The one round trip; the call commits on its own. (A seam for the test-only store
+        that rolls a call back after its writes, as a failing COMMIT would.)"""
+        async with self._pool.acquire() as conn:
+            return await conn.fetch(AUTHORIZE_STATEMENT, *args)
+
     async def mark_published(self, batch_ids: Sequence[uuid.UUID],
                              txn_ids: Sequence[str]) -> None:
         """Record that these batches' events (and these republished ones) were acknowledged."""
@@ -296,14 +282,14 @@ class PostgresStore:
                 await conn.execute(_MARK_PUBLISHED, list(batch_ids), list(txn_ids),
                                    datetime.now(UTC))
         except Exception as exc:
-            raise translate(exc) from exc
+            _raise_translated(exc)
 
     async def count_dedup_records(self) -> int:
         try:
             async with self._pool.acquire() as conn:
                 return int(await conn.fetchval("SELECT count(*) FROM processed_transactions"))
         except Exception as exc:
-            raise translate(exc) from exc
+            _raise_translated(exc)
 
 
 async def _prepare_statements(conn: asyncpg.Connection) -> None:
@@ -313,7 +299,7 @@ async def _prepare_statements(conn: asyncpg.Connection) -> None:
     empty: list[Any] = []
     try:
         await conn.fetch(_LOAD_STORED, empty)
-        await conn.fetch(_AUTHORIZE, *([empty] * 10), datetime.now(UTC), "", uuid.uuid4())
+        await conn.fetch(AUTHORIZE_STATEMENT, *([empty] * 10), datetime.now(UTC), "", uuid.uuid4())
         await conn.execute(_MARK_PUBLISHED, empty, empty, datetime.now(UTC))
     except (asyncpg.UndefinedTableError, asyncpg.UndefinedFunctionError):
         pass  # not migrated yet: the first batch will say so; the connection is still fine

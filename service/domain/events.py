@@ -7,8 +7,9 @@ from datetime import UTC
 
 import orjson
 
-from service.domain.decision import Result, StoredResult
+from service.domain.dedup import StoredResult
 from service.domain.messages import event_id_for
+from service.domain.vocabulary import Result
 
 
 def result_event(stored: StoredResult) -> dict[str, object]:

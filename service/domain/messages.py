@@ -19,7 +19,6 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from enum import StrEnum
 from typing import Annotated, Any
 
 import orjson
@@ -33,8 +32,9 @@ from pydantic import (
 )
 
 from service.domain.errors import DeadLetterReason, InvalidMessage
-from service.domain.money import MAX_AMOUNT, UnknownCurrency, decimals_of, format_amount, minor_unit
+from service.domain.money import UnknownCurrency, decimals_of, format_amount, minor_unit
 from service.domain.pan import document_contains_pan, may_contain_pan
+from service.domain.vocabulary import IDENTIFIER_PATTERN, MAX_AMOUNT, AuthorizationType
 
 # The largest REFUND decided without a person looking (PAYAUTH_MAX_REFUND_AMOUNT).
 DEFAULT_MAX_REFUND = Decimal("10000")
@@ -42,20 +42,12 @@ DEFAULT_MAX_REFUND = Decimal("10000")
 # Stable namespace for event ids: the same transaction_id always yields the same event_id.
 EVENT_NAMESPACE = uuid.UUID("6b1f5c1e-8f4e-4e1c-9a55-3f0d2f0c9a01")
 
-# Identifiers: printable ASCII without spaces, so that they are safe in logs, headers and keys.
-Identifier = Annotated[
-    str, StringConstraints(strict=True, min_length=1, max_length=64, pattern=r"^[!-~]+$")
-]
+Identifier = Annotated[str, StringConstraints(strict=True, pattern=IDENTIFIER_PATTERN)]
 # Free text (merchant name): any printable text, no control characters.
 Text = Annotated[
     str,
     StringConstraints(strict=True, min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$"),
 ]
-
-
-class AuthorizationType(StrEnum):
-    PURCHASE = "PURCHASE"  # debits the account
-    REFUND = "REFUND"  # credits the account
 
 
 # What an amount sent as a string may look like: "125.50", "1250", "0.5". No sign, no

@@ -7,11 +7,6 @@ from functools import cache
 
 import iso4217
 
-# Amounts are stored as numeric(19,4) in the ledger: at most 15 integer digits. Bounding here
-# (for credits as much as debits) keeps Decimal("1e400"), which *is* finite, out of the
-# database instead of turning it into a numeric overflow that would never stop retrying.
-MAX_AMOUNT = Decimal("999999999999999")
-
 
 class UnknownCurrency(ValueError):
     pass

@@ -23,7 +23,7 @@ def test_a_short_chaos_run_injects_every_fault_and_holds_every_invariant(live_st
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PAYAUTH_", "CHAOS_"))}
     env.update(CHAOS_SECONDS="45", CHAOS_FAULTS_PER_KIND="1", CHAOS_SEED="5",
                CHAOS_RATE="60", CHAOS_OUT=str(tmp_path))
-    result = subprocess.run([sys.executable, "-m", "service.chaos.run"], cwd=stack.ROOT,
+    result = subprocess.run([sys.executable, "-m", "service.devtools.chaos.run"], cwd=stack.ROOT,
                             env=env, capture_output=True, text=True, timeout=1200)
     out = result.stdout
     assert result.returncode == 0, out[-6000:] + result.stderr[-3000:]

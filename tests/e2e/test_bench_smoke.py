@@ -22,7 +22,7 @@ def test_bench_smoke_writes_every_key_and_verify_holds(live_stack, tmp_path) -> 
     out = tmp_path / "results.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PAYAUTH_", "BENCH_"))}
     env.update(BENCH_MODE="smoke", BENCH_OUT=str(out))
-    result = subprocess.run([sys.executable, "-m", "service.bench.run"], cwd=stack.ROOT,
+    result = subprocess.run([sys.executable, "-m", "service.devtools.bench.run"], cwd=stack.ROOT,
                             env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     results = json.loads(out.read_text())

@@ -1,4 +1,4 @@
-"""``payauth demo`` end to end on real services: its summary agrees with the ground truth,
+"""``payauth-dev demo`` end to end on real services: its summary agrees with the ground truth,
 with the database, and with ``payauth verify``."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from tests.support import stack
 def test_demo_summary_agrees_with_the_database_and_verify(env: stack.Env, tmp_path) -> None:
     ports = f"{stack.free_port()},{stack.free_port()}"
     result = subprocess.run(
-        [sys.executable, "-m", "service", "demo", "--transactions", "600", "--accounts", "80",
-         "--seed", "11", "--log-dir", str(tmp_path), "--metrics-ports", ports],
+        [sys.executable, "-m", "service.devtools", "demo", "--transactions", "600",
+         "--accounts", "80", "--seed", "11", "--log-dir", str(tmp_path), "--metrics-ports", ports],
         cwd=stack.ROOT, env=env.worker_env(PAYAUTH_LOG_LEVEL="WARNING"),
         capture_output=True, text=True, timeout=600,
     )

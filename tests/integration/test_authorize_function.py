@@ -1,5 +1,6 @@
-"""The server-side payauth_authorize (one round trip per batch) decides exactly as the domain
-reference, service/domain/decision.py, and writes nothing when a claim is lost."""
+"""The server-side payauth_authorize (one round trip per batch), the one place that decides,
+decides exactly as the test oracle (tests/support/oracle.py) says, and writes nothing when a
+claim is lost."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ from decimal import Decimal
 import asyncpg
 import pytest
 
-from service.adapters.postgres import ClaimLost, PostgresStore
-from service.domain.decision import Account, decide_in_order
+from service.adapters.postgres import PostgresStore
 from service.domain.messages import Authorization, decode_authorization
+from service.ports import ClaimLost
 from tests.support import stack
 from tests.support.factory import auth_message, encode
+from tests.support.oracle import Account, decide_in_order
 
 ACCOUNTS = [  # id, balance, currency, status
     ("FN-A", "100.00", "EUR", "ACTIVE"),

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from pydantic import SecretStr
 
-from service.chaos.checker import check, read_log
-from service.chaos.generator import LoadGenerator, seed_accounts
 from service.config import Settings
+from service.devtools.chaos.checker import check, read_log
+from service.devtools.chaos.generator import LoadGenerator, seed_accounts
 from tests.support import stack
 from tests.support.workers import wait_caught_up
 
@@ -40,7 +40,7 @@ def test_checker_passes_a_correct_run_with_a_crash(env, spawn_worker, tmp_path) 
     run = uuid.uuid4().hex[:6]
     log = tmp_path / "truth.jsonl"
     generate(env, run, log)
-    doomed = spawn_worker(env, "doomed", PAYAUTH_FAULT_POINT="after_db_commit")
+    doomed = spawn_worker(env, "doomed", PAYAUTH_TEST_FAULT_POINT="after_db_commit")
     assert doomed.wait_exit(60) == -signal.SIGKILL
     worker = spawn_worker(env, "survivor")
     wait_caught_up(env.group_id, env.input_topic, env.partitions)
@@ -60,8 +60,8 @@ def test_checker_catches_the_loss_a_wrong_commit_order_causes(env, spawn_worker,
     log = tmp_path / "truth.jsonl"
     generate(env, run, log, seconds=1.0)
     # Negative control: Redis key written BEFORE the COMMIT, then a crash in between.
-    wrong = spawn_worker(env, "wrong", PAYAUTH_UNSAFE_ORDERING="redis_before_commit",
-                         PAYAUTH_FAULT_POINT="before_db_commit")
+    wrong = spawn_worker(env, "wrong", PAYAUTH_TEST_UNSAFE_ORDERING="redis_before_commit",
+                         PAYAUTH_TEST_FAULT_POINT="before_db_commit")
     assert wrong.wait_exit(60) == -signal.SIGKILL
     worker = spawn_worker(env, "next")
     wait_caught_up(env.group_id, env.input_topic, env.partitions)
@@ -83,7 +83,7 @@ def test_the_same_crash_point_is_harmless_with_the_right_order(env, spawn_worker
     run = uuid.uuid4().hex[:6]
     log = tmp_path / "truth.jsonl"
     generate(env, run, log, seconds=1.0)
-    doomed = spawn_worker(env, "doomed", PAYAUTH_FAULT_POINT="before_db_commit")
+    doomed = spawn_worker(env, "doomed", PAYAUTH_TEST_FAULT_POINT="before_db_commit")
     assert doomed.wait_exit(60) == -signal.SIGKILL
     worker = spawn_worker(env, "next")
     wait_caught_up(env.group_id, env.input_topic, env.partitions)
@@ -96,7 +96,7 @@ def test_a_transaction_rolled_back_on_purpose_is_retried(env, spawn_worker, tmp_
     run = uuid.uuid4().hex[:6]
     log = tmp_path / "truth.jsonl"
     generate(env, run, log, seconds=1.0)
-    worker = spawn_worker(env, PAYAUTH_FAULT_POINT="rollback_once")
+    worker = spawn_worker(env, PAYAUTH_TEST_FAULT_POINT="rollback_once")
     wait_caught_up(env.group_id, env.input_topic, env.partitions)
     assert worker.metrics()['payauth_retries_total{cause="transient"}'] >= 1
     assert worker.terminate() == 0

@@ -13,7 +13,7 @@ from decimal import Decimal
 import pytest
 
 from service.adapters.postgres import ClaimLost, PostgresStore
-from service.chaos.proxy import TcpProxy
+from service.devtools.chaos.proxy import TcpProxy
 from service.domain.messages import decode_authorization
 from service.verify import report, verify
 from tests.support import stack
@@ -127,7 +127,7 @@ def test_kill_between_commit_points(env, spawn_worker, point: str) -> None:
         (accounts[i % 5], encode(auth_message(t, account_id=accounts[i % 5], amount="7.00")))
         for i, t in enumerate(txns)
     ])
-    doomed = spawn_worker(env, "doomed", PAYAUTH_FAULT_POINT=point)
+    doomed = spawn_worker(env, "doomed", PAYAUTH_TEST_FAULT_POINT=point)
     assert doomed.wait_exit(60) == -signal.SIGKILL
     assert doomed.events("fault_injected"), doomed.raw_log()[-2000:]
     committed_before = stack.fetch(env.dsn, "SELECT count(*) AS n FROM ledger_entries")[0]["n"]

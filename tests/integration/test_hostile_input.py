@@ -241,7 +241,7 @@ def test_no_raw_librdkafka_line_reaches_stderr(tmp_path: Path) -> None:
     """The clients the operator tools build log through the service's logging too."""
     code = ("from service.config import load_settings\n"
             "from service.logs import configure_logging\n"
-            "from service.adapters.kafka import client_config\n"
+            "from service.adapters.kafka.config import client_config\n"
             "from confluent_kafka import Producer\n"
             "configure_logging()\n"
             "p = Producer(client_config(load_settings()))\n"

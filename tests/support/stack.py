@@ -21,7 +21,7 @@ import asyncpg
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from service.adapters.kafka import committed_offsets as kafka_committed
+from service.adapters.kafka.admin import committed_offsets as kafka_committed
 
 ROOT = Path(__file__).resolve().parents[2]
 BOOTSTRAP = os.environ.get("PAYAUTH_KAFKA_BOOTSTRAP_SERVERS", "localhost:9092")

@@ -8,9 +8,9 @@ from typing import Any
 
 from confluent_kafka import KafkaException
 
-from service.adapters.kafka import COORDINATOR_NOT_READY
-from service.processes import WorkerProcess as _WorkerProcess
-from service.processes import parse_metrics
+from service.adapters.kafka.admin import COORDINATOR_NOT_READY
+from service.devtools.processes import WorkerProcess as _WorkerProcess
+from service.devtools.processes import parse_metrics
 from tests.support.stack import committed_offsets, end_offsets
 
 __all__ = ["WorkerProcess", "parse_metrics", "wait_caught_up", "wait_until"]

@@ -7,9 +7,10 @@ from datetime import UTC, datetime
 import pytest
 
 from service.config import ConfigError, Settings, load_settings
-from service.domain.decision import DeclineReason, Result, StoredResult
+from service.domain.dedup import StoredResult
 from service.domain.events import result_event
 from service.domain.messages import event_id_for
+from service.domain.vocabulary import DeclineReason, Result
 
 
 @pytest.fixture(autouse=True)

@@ -1,22 +1,16 @@
-"""Decision rules and batch classification (pure)."""
+"""The decision rules' Python model (the oracle the SQL function is held to) and batch
+classification (pure)."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 from decimal import Decimal
 
-from service.domain.decision import (
-    Account,
-    DeclineReason,
-    Kind,
-    Result,
-    StoredResult,
-    classify,
-    decide,
-    decide_in_order,
-)
+from service.domain.dedup import Kind, StoredResult, classify
 from service.domain.messages import Authorization, decode_authorization
+from service.domain.vocabulary import DeclineReason, Result
 from tests.support.factory import auth_message, encode
+from tests.support.oracle import Account, decide, decide_in_order
 
 
 def auth(txn: str = "T1", **kw: object) -> Authorization:

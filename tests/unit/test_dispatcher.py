@@ -1,5 +1,6 @@
 """Batching across partitions keeps each partition's order and never runs one partition in
-two batches at once; revoking drops what waits and lets what runs finish."""
+two batches at once; revoking drops what waits and lets what runs finish. No test waits a
+fixed time: each waits for the event it needs (a message processed, a batch started)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from service.adapters.kafka import OffsetTracker
 from service.dispatcher import Dispatcher
 
 
@@ -26,83 +26,86 @@ class Msg:
         return self.off
 
 
-class FirstCallThenDone:
-    """A processor whose first call runs ``first`` (hang, fail); later calls succeed."""
+class Processor:
+    """Records what it processed; ``first`` (hang, fail) runs on the first call only."""
 
-    def __init__(self, first: Callable[[], Awaitable[None]]) -> None:
+    def __init__(self, first: Callable[[], Awaitable[None]] | None = None) -> None:
         self.first = first
         self.calls = 0
-        self.done: list[Msg] = []
-
-    async def process(self, msgs: Sequence[Msg]) -> None:
-        self.calls += 1
-        if self.calls == 1:
-            await self.first()
-        self.done.extend(msgs)
-
-
-class Recorder:
-    def __init__(self, delay: float = 0.002) -> None:
-        self.delay = delay
         self.batches: list[list[Msg]] = []
         self.running: set[int] = set()
         self.overlaps = 0
+        self.started = asyncio.Event()  # a first batch is running
+        self._progress = asyncio.Condition()
+
+    @property
+    def done(self) -> list[Msg]:
+        return [m for b in self.batches for m in b]
 
     async def process(self, msgs: Sequence[Msg]) -> None:
+        self.calls += 1
+        self.started.set()
         parts = {m.p for m in msgs}
         if parts & self.running:
             self.overlaps += 1
         self.running |= parts
-        await asyncio.sleep(self.delay)
-        self.running -= parts
+        try:
+            if self.calls == 1 and self.first is not None:
+                await self.first()
+            await asyncio.sleep(0)  # let other batches start meanwhile
+        finally:
+            self.running -= parts
         self.batches.append(list(msgs))
+        async with self._progress:
+            self._progress.notify_all()
+
+    async def until_done(self, count: int) -> None:
+        async with self._progress:
+            await asyncio.wait_for(self._progress.wait_for(lambda: len(self.done) >= count), 5)
 
 
-async def test_order_per_partition_no_overlap_and_offsets() -> None:
-    recorder, tracker = Recorder(), OffsetTracker()
-    dispatcher = Dispatcher(recorder, tracker, max_batch=7, close_timeout=5, max_in_flight=3)
+async def test_order_per_partition_no_overlap_and_batches_across_partitions() -> None:
+    processor = Processor()
+    dispatcher = Dispatcher(processor, max_batch=7, close_timeout=5, max_in_flight=3)
     for chunk in range(20):
         for p in range(4):
             dispatcher.submit(("t", p), [Msg(p, chunk * 3 + i) for i in range(3)])
-        await asyncio.sleep(0.001)
-    await dispatcher.drain()  # returns once the batches in flight have finished
-    assert not recorder.running
+        await asyncio.sleep(0)
+    await processor.until_done(240)
+    await dispatcher.drain()
     seen: dict[int, list[int]] = {}
-    for batch in recorder.batches:
-        for m in batch:
-            seen.setdefault(m.p, []).append(m.off)
-    assert recorder.overlaps == 0
+    for m in processor.done:
+        seen.setdefault(m.p, []).append(m.off)
+    assert processor.overlaps == 0
     for p, offsets in seen.items():
-        assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets), p
-    assert any(len({m.p for m in b}) > 1 for b in recorder.batches), "batches span partitions"
-    assert all(len(b) <= 7 for b in recorder.batches)
-    nexts, counts = tracker.drain()
-    for (_, p), next_offset in nexts.items():
-        assert next_offset == seen[p][-1] + 1
-        assert counts[("t", p)] == len(seen[p])
+        assert offsets == list(range(60)), p  # every message once, in offset order
+    assert any(len({m.p for m in b}) > 1 for b in processor.batches), "batches span partitions"
+    assert all(len(b) <= 7 for b in processor.batches)
 
 
-async def test_everything_submitted_before_drain_is_processed_or_dropped_never_twice() -> None:
-    recorder, tracker = Recorder(delay=0.01), OffsetTracker()
-    dispatcher = Dispatcher(recorder, tracker, max_batch=100, close_timeout=5)
+async def test_everything_submitted_before_revoke_is_processed_or_dropped_never_twice() -> None:
+    processor = Processor()
+    dispatcher = Dispatcher(processor, max_batch=10, close_timeout=5)
     dispatcher.submit(("t", 0), [Msg(0, i) for i in range(50)])
-    await asyncio.sleep(0)
+    await processor.started.wait()
     await dispatcher.revoke([("t", 0)], lost=False)
-    processed = [m.off for b in recorder.batches for m in b]
+    processed = [m.off for m in processor.done]
     assert processed == list(range(len(processed)))  # a prefix, in order, once
+    assert len(processed) < 50, "what waited was dropped"
     dispatcher.submit(("t", 0), [Msg(0, 50)])
-    await asyncio.sleep(0.05)
-    assert [m.off for b in recorder.batches for m in b][-1] == 50
+    await processor.until_done(len(processed) + 1)
+    assert processor.done[-1].off == 50
 
 
-async def test_a_bug_in_processing_is_reported_not_swallowed() -> None:
-    class Broken:
-        async def process(self, msgs: Sequence[Msg]) -> None:
-            raise ValueError("bug")
+async def test_a_bug_past_the_processor_is_reported_not_swallowed() -> None:
+    async def bug() -> None:
+        raise ValueError("bug")
 
-    dispatcher = Dispatcher(Broken(), OffsetTracker(), max_batch=10, close_timeout=1)
+    processor = Processor(bug)
+    dispatcher = Dispatcher(processor, max_batch=10, close_timeout=1)
     dispatcher.submit(("t", 0), [Msg(0, 0)])
-    await asyncio.sleep(0.01)
+    await processor.started.wait()
+    await asyncio.sleep(0)  # the batch's task ends on the same loop turn
     assert isinstance(dispatcher.failed(), ValueError)
 
 
@@ -112,35 +115,48 @@ async def test_a_cancelled_batch_gives_back_the_partitions_it_keeps() -> None:
     nothing after them is processed first (or its offset would skip them)."""
 
     async def stuck() -> None:
-        await asyncio.sleep(3600)  # e.g. retrying against an unreachable database
+        await asyncio.Event().wait()  # e.g. retrying against an unreachable database
 
-    processor, tracker = FirstCallThenDone(stuck), OffsetTracker()
-    dispatcher = Dispatcher(processor, tracker, max_batch=100, close_timeout=0.05,
-                            max_in_flight=1)
+    processor = Processor(stuck)
+    dispatcher = Dispatcher(processor, max_batch=100, close_timeout=0.05, max_in_flight=1)
     dispatcher.submit(("t", 0), [Msg(0, 0), Msg(0, 1)])
     dispatcher.submit(("t", 1), [Msg(1, 0), Msg(1, 1)])
-    await asyncio.sleep(0.01)  # the first batch (both partitions) is stuck
+    await processor.started.wait()  # the first batch (both partitions) is stuck
     dispatcher.submit(("t", 1), [Msg(1, 2)])
     await dispatcher.revoke([("t", 0)], lost=False)
-    await asyncio.sleep(0.05)
+    await processor.until_done(3)
     assert [(m.p, m.off) for m in processor.done] == [(1, 0), (1, 1), (1, 2)]
-    nexts, _ = tracker.drain()
-    assert nexts == {("t", 1): 3}
 
 
 async def test_after_a_failed_batch_nothing_later_on_its_partitions_is_processed() -> None:
-    """A batch that fails with an unexpected error stops the dispatcher: a later batch on the
-    same partition would store an offset past the failed messages (a loss)."""
+    """A batch that fails past the processor's own isolation stops the dispatcher: a later
+    batch on the same partition would store an offset past the failed messages (a loss)."""
 
     async def fail() -> None:
         raise RuntimeError("unexpected")
 
-    processor, tracker = FirstCallThenDone(fail), OffsetTracker()
-    dispatcher = Dispatcher(processor, tracker, max_batch=2, close_timeout=1, max_in_flight=1)
+    processor = Processor(fail)
+    dispatcher = Dispatcher(processor, max_batch=2, close_timeout=1, max_in_flight=1)
     dispatcher.submit(("t", 0), [Msg(0, 0), Msg(0, 1), Msg(0, 2), Msg(0, 3)])
-    await asyncio.sleep(0.05)
+    await processor.started.wait()
+    await asyncio.sleep(0)
     dispatcher.submit(("t", 0), [Msg(0, 4)])
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0)
     assert isinstance(dispatcher.failed(), RuntimeError)
-    assert processor.done == []
-    assert tracker.drain() == ({}, {})
+    assert processor.done == [] and processor.calls == 1
+
+
+async def test_the_age_of_the_oldest_unfinished_message_per_partition() -> None:
+    async def stuck() -> None:
+        await asyncio.Event().wait()
+
+    processor = Processor(stuck)
+    dispatcher = Dispatcher(processor, max_batch=10, close_timeout=0.05, max_in_flight=2)
+    dispatcher.submit(("t", 0), [Msg(0, 0)])
+    await processor.started.wait()
+    dispatcher.submit(("t", 1), [Msg(1, 0)])
+    await processor.until_done(1)  # partition 1 finished, partition 0 is stuck
+    ages = dispatcher.oldest_unfinished()
+    assert set(ages) == {("t", 0)} and ages[("t", 0)] >= 0
+    await dispatcher.revoke([("t", 0)], lost=False)
+    assert dispatcher.oldest_unfinished() == {}

@@ -1,6 +1,6 @@
-"""The batch pipeline's decisions about what to publish, cache and retry, with in-memory
-stand-ins that implement the same Protocols as the adapters (the adapters themselves are
-tested against the real services in tests/integration)."""
+"""The commit order's runner: what it publishes, caches, retries and reports as finished,
+with in-memory stand-ins that implement the ports (``service/ports.py``; the adapters
+themselves are tested against the real services in tests/integration)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,13 @@ from uuid import UUID, uuid4
 import pytest
 
 from service import metrics
-from service.adapters.kafka import Record
-from service.adapters.postgres import ClaimLost, DataRejected
-from service.domain.decision import Result, StoredResult
+from service.domain.dedup import StoredResult
 from service.domain.errors import PublishFailed, StoreUnavailable
 from service.domain.messages import Authorization
+from service.domain.vocabulary import Result
 from service.pipeline import BatchProcessor, Topics
+from service.plan import Limits
+from service.ports import TP, ClaimLost, DataRejected, Record
 from tests.support.factory import auth_message, encode
 
 
@@ -129,8 +130,23 @@ class Sender:
         self.records += records
 
 
-def processor(store: Store, cache: Cache, sender: Sender, **options: Any) -> BatchProcessor:
-    return BatchProcessor(store, cache, sender, Topics("out", "dlq"),
+@dataclass
+class Offsets:
+    """The offset sink; notes how much was published when each report came."""
+
+    sender: Sender | None = None
+    reports: list[tuple[TP, int, int, int]] = field(default_factory=list)
+
+    def done(self, tp: TP, next_offset: int, count: int) -> None:
+        published = len(self.sender.records) if self.sender else -1
+        self.reports.append((tp, next_offset, count, published))
+
+
+def processor(store: Store, cache: Cache, sender: Sender, offsets: Offsets | None = None,
+              **options: Any) -> BatchProcessor:
+    if "max_message_bytes" in options:
+        options["limits"] = Limits(max_message_bytes=options.pop("max_message_bytes"))
+    return BatchProcessor(store, cache, sender, offsets or Offsets(sender), Topics("out", "dlq"),
                           backoff_initial=0.001, backoff_max=0.002, **options)
 
 
@@ -253,16 +269,16 @@ async def test_an_unexpected_failure_is_not_dead_lettered_while_postgres_is_away
 
 async def test_a_bug_in_decoding_one_message_dead_letters_only_that_message(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    import service.pipeline as pipeline
+    import service.plan as plan
 
-    real = pipeline.decode_authorization
+    real = plan.decode_authorization
 
     def decode(raw: bytes | None, **kwargs: Any) -> Authorization:
         if raw and b"POISON" in raw:
             raise RecursionError("maximum recursion depth exceeded")
         return real(raw, **kwargs)
 
-    monkeypatch.setattr(pipeline, "decode_authorization", decode)
+    monkeypatch.setattr(plan, "decode_authorization", decode)
     store, cache, sender = Store(), Cache(), Sender()
     await processor(store, cache, sender).process(
         msgs(auth_message("A"), auth_message("POISON"), auth_message("C")))
@@ -297,3 +313,21 @@ async def test_a_broker_limit_lower_than_expected_lowers_the_dead_letter_limit()
     await processor(store, cache, sender, dead_letter_max_bytes=1_000_000).process(msgs(big))
     [letter] = sender.records
     assert letter.value == big[:1024] and dict(letter.headers or [])["original.truncated"]
+
+
+async def test_offsets_are_reported_only_after_every_record_is_acknowledged() -> None:
+    store, cache, sender = Store(), Cache(), Sender(fail_next=2)
+    offsets = Offsets(sender)
+    batch = msgs(auth_message("A"), b"garbage", auth_message("C"))
+    await processor(store, cache, sender, offsets).process(batch)
+    # One report, after the two events and the dead letter were acknowledged; none for the
+    # two attempts Kafka refused.
+    assert offsets.reports == [(("in", 0), 3, 3, 3)]
+
+
+async def test_an_isolated_batch_reports_each_half_as_it_finishes() -> None:
+    store, cache, sender = Store(poison_txn="P"), Cache(), Sender()
+    offsets = Offsets(sender)
+    await processor(store, cache, sender, offsets).process(
+        msgs(auth_message("A"), auth_message("B"), auth_message("P"), auth_message("D")))
+    assert [r[1] for r in offsets.reports] == [2, 3, 4]  # next offsets, in order

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from service.adapters.kafka import consumer_config, producer_config
+from service.adapters.kafka.config import consumer_config, producer_config
 from service.config import load_settings
 
 

@@ -70,3 +70,9 @@ def test_dockerfile_is_multi_stage_non_root_and_runs_the_worker() -> None:
     for path in re.findall(r"^COPY (?:--from=\S+ )?(\S+) ", text, re.M):
         if not path.startswith("/"):
             assert (ROOT / path).exists(), path
+
+
+def test_the_image_ships_the_runtime_not_the_dev_tools() -> None:
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert "service/devtools" in ignored and "tests" in ignored
+    assert "COPY service/ /app/service/" in (ROOT / "Dockerfile").read_text()

@@ -1,5 +1,9 @@
 """``make chaos``: a bounded, self-stopping fault-injection run with the invariant checker.
 
+Over 400 lines: the fault catalogue (one small function per kind, two lanes) and the run's
+supervision share the run's state; the generator, the checker and the TCP proxy are modules
+of their own.
+
 Three workers in one group on the local stack; a load generator with a ground-truth log; two
 lanes of seeded, random faults (workers: kill -9, kill -9 at the commit points, SIGTERM,
 SIGSTOP past the poll interval, a member joining mid-batch, a planned rollback; services:
@@ -31,13 +35,14 @@ from pathlib import Path
 import redis
 from pydantic import SecretStr
 
-from service import scratch
-from service.adapters.kafka import client_config, group_lag
-from service.chaos.checker import check
-from service.chaos.generator import LoadGenerator, seed_accounts
-from service.chaos.proxy import TcpProxy
+from service.adapters.kafka.admin import group_lag
+from service.adapters.kafka.config import client_config
 from service.config import Settings, load_settings
-from service.processes import ROOT, WorkerProcess
+from service.devtools import scratch
+from service.devtools.chaos.checker import check
+from service.devtools.chaos.generator import LoadGenerator, seed_accounts
+from service.devtools.chaos.proxy import TcpProxy
+from service.devtools.processes import ROOT, WorkerProcess
 
 STACK = ROOT / "deploy/local/stack.sh"
 PARTITIONS = 12
@@ -243,7 +248,7 @@ class Chaos:
             worker = sup.slots[slot]
             if worker is not None:
                 worker.kill()
-            return slot, sup.spawn(slot, PAYAUTH_FAULT_POINT=fault_point)
+            return slot, sup.spawn(slot, PAYAUTH_TEST_FAULT_POINT=fault_point)
 
         def kill_at(point: str) -> Callable[[], None]:
             def fault() -> None:
@@ -412,7 +417,7 @@ class Chaos:
         return False
 
     def table(self, sent: Counter[str], report: object, failed: list[str]) -> str:
-        from service.chaos.checker import Report
+        from service.devtools.chaos.checker import Report
 
         assert isinstance(report, Report)
         totals = self.supervisor.totals()

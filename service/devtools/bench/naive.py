@@ -11,14 +11,16 @@ from __future__ import annotations
 import asyncio
 import json
 from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
 
 import asyncpg
 import redis.asyncio as aioredis
 from confluent_kafka import Consumer, Producer
 
-from service.domain.decision import Account, Result, decide
 from service.domain.errors import InvalidMessage
-from service.domain.messages import decode_authorization
+from service.domain.messages import Authorization, decode_authorization
+from service.domain.vocabulary import AuthorizationType, DeclineReason, Result
 
 
 async def run_naive(*, bootstrap: str, topic: str, output: str, group: str, dsn: str,
@@ -53,31 +55,29 @@ async def run_naive(*, bootstrap: str, topic: str, output: str, group: str, dsn:
                         row = await conn.fetchrow(
                             "SELECT account_id, balance, currency, status FROM accounts "
                             "WHERE account_id = $1 FOR UPDATE", auth.account_id)
-                        account = Account(row["account_id"], row["balance"], row["currency"],
-                                          row["status"]) if row else None
-                        decision = decide(auth, account)
+                        result, reason, delta = _seed_rule(auth, row)
                         now = datetime.now(UTC)
-                        if decision.result is Result.APPROVED:
+                        if result is Result.APPROVED:
                             await conn.execute(
                                 "UPDATE accounts SET balance = balance + $2 WHERE account_id = $1",
-                                auth.account_id, decision.delta)
+                                auth.account_id, delta)
                             await conn.execute(
                                 "INSERT INTO ledger_entries (txn_id, account_id, amount, currency,"
                                 " type, created_at) VALUES ($1, $2, $3, $4, $5, $6)",
-                                auth.transaction_id, auth.account_id, decision.delta,
+                                auth.transaction_id, auth.account_id, delta,
                                 auth.currency, auth.authorization_type.value, now)
                         await conn.execute(
                             "INSERT INTO processed_transactions (txn_id, processed_at, result, "
                             "decline_reason, fingerprint, account_id, amount, currency, "
                             "authorization_type, published_at) "
                             "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $2)",
-                            auth.transaction_id, now, decision.result.value,
-                            decision.decline_reason.value if decision.decline_reason else None,
+                            auth.transaction_id, now, result.value,
+                            reason.value if reason else None,
                             auth.fingerprint, auth.account_id, auth.amount, auth.currency,
                             auth.authorization_type.value)
                         producer.produce(output, key=auth.account_id, value=json.dumps(
                             {"transaction_id": auth.transaction_id,
-                             "result": decision.result.value}).encode())
+                             "result": result.value}).encode())
                         producer.flush(10)
                 await cache.set(f"dedup:{auth.transaction_id}", auth.fingerprint, ex=86400)
             consumer.commit(message=msg, asynchronous=False)
@@ -87,3 +87,19 @@ async def run_naive(*, bootstrap: str, topic: str, output: str, group: str, dsn:
         consumer.close()
         await conn.close()
         await cache.aclose()
+
+
+def _seed_rule(auth: Authorization, row: Any) -> tuple[Result, DeclineReason | None, Decimal]:
+    """The seed's decision, in Python as the seed writes it, for this baseline only (the
+    service decides in ``payauth_authorize``): (result, reason, signed balance change)."""
+    if row is None:
+        return Result.DECLINED, DeclineReason.UNKNOWN_ACCOUNT, Decimal(0)
+    if row["status"] != "ACTIVE":
+        return Result.DECLINED, DeclineReason.ACCOUNT_BLOCKED, Decimal(0)
+    if row["currency"] != auth.currency:
+        return Result.DECLINED, DeclineReason.CURRENCY_MISMATCH, Decimal(0)
+    if auth.authorization_type is AuthorizationType.REFUND:
+        return Result.APPROVED, None, auth.amount
+    if row["balance"] < auth.amount:
+        return Result.DECLINED, DeclineReason.INSUFFICIENT_FUNDS, Decimal(0)
+    return Result.APPROVED, None, -auth.amount

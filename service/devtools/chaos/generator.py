@@ -31,7 +31,7 @@ from typing import IO, Any
 import asyncpg
 from confluent_kafka import Producer
 
-from service.demo import authorization_message
+from service.devtools.demo import authorization_message
 from service.domain.messages import decode_authorization
 
 RICH_BALANCE = Decimal("1000000000.00")

@@ -1,4 +1,5 @@
-"""``payauth demo``: the main job end to end on the local stack, with a ground truth.
+"""``payauth-dev demo`` (``make demo``): the main job end to end on the local stack, with a
+ground truth.
 
 Seeds demo accounts, starts two workers in one consumer group, produces a stream with every
 kind of duplicate (same message redelivered, producer retry with a new message_id, the same
@@ -25,9 +26,10 @@ from typing import Any
 import asyncpg
 from confluent_kafka import Consumer, Producer
 
-from service.adapters.kafka import client_config, group_lag
+from service.adapters.kafka.admin import group_lag
+from service.adapters.kafka.config import client_config
 from service.config import Settings
-from service.processes import WorkerProcess
+from service.devtools.processes import WorkerProcess
 from service.topics import ensure_topics
 from service.verify import report, verify
 

@@ -1,6 +1,6 @@
 """The checker: holds the database, the output and dead-letter topics and Redis against the
 load generator's ground-truth log, the way Jepsen's checkers count lost, duplicated and
-unseen operations. ``payauth verify --against LOG`` runs it.
+unseen operations. ``payauth-dev check LOG`` runs it.
 
 Every message sent must be accounted for exactly once:
 - *decided*: it is the message the dedup record names as its source (partition, offset);
@@ -21,7 +21,8 @@ from typing import Any
 import asyncpg
 import redis
 
-from service.adapters.kafka import client_config, group_lag, read_snapshot
+from service.adapters.kafka.admin import group_lag, read_snapshot
+from service.adapters.kafka.config import client_config
 from service.adapters.redis_cache import BUCKET_PREFIX
 from service.config import Settings
 from service.verify import verify

@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
 
 
@@ -38,9 +38,13 @@ class WorkerProcess:
 
     def start(self) -> WorkerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        # The production command, unless a fault is asked for: then the dev entry point,
+        # which wires the fault-injecting adapters in.
+        faulty = any(k.startswith("PAYAUTH_TEST_") and v for k, v in self.env.items())
+        command = ["service.devtools", "worker"] if faulty else ["service", "run"]
         with self.log_path.open("wb") as log:  # a fresh log: its port line is this run's
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "service", "run"], cwd=ROOT, env=self.env,
+                [sys.executable, "-m", *command], cwd=ROOT, env=self.env,
                 stdout=log, stderr=subprocess.STDOUT,
             )
         return self

@@ -1,6 +1,10 @@
 """``make bench``: what one worker achieves, as ratios against baselines measured in the same
 run on the same machine (absolute numbers on a shared 2-core machine mean little alone).
 
+Over 400 lines: one phase after another over one shared fresh world (database, topics,
+accounts); read top to bottom, it is the report's table in order. (The naive baseline, the
+scratch world and the worker processes live in modules of their own.)
+
 Phases, each on its own topic/group in one fresh database with 10,000 accounts:
   pgbench     the worker's own statement for one authorization, 8 clients (the database's
               limit for it, one commit per authorization)
@@ -41,13 +45,13 @@ import redis
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from pydantic import SecretStr
 
-from service import scratch
 from service.adapters import postgres as sql
-from service.adapters.kafka import group_lag
-from service.bench.naive import run_naive
+from service.adapters.kafka.admin import group_lag
 from service.config import Settings, load_settings
-from service.demo import authorization_message
-from service.processes import ROOT, WorkerProcess
+from service.devtools import scratch
+from service.devtools.bench.naive import run_naive
+from service.devtools.demo import authorization_message
+from service.devtools.processes import ROOT, WorkerProcess
 from service.replay import build_plan, execute
 from service.verify import report, verify
 
@@ -496,7 +500,7 @@ def pgbench_script() -> str:
         6: "ARRAY['fp']", 7: "ARRAY['corr']", 8: "ARRAY['msg']", 9: "ARRAY[0]",
         10: "ARRAY[0]", 11: "now()", 12: "'pgbench'", 13: "gen_random_uuid()",
     }
-    statement = sql._AUTHORIZE
+    statement = sql.AUTHORIZE_STATEMENT
     for number in sorted(values, reverse=True):  # $13 before $1
         statement = statement.replace(f"${number}", values[number])
     return "\n".join([

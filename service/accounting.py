@@ -1,0 +1,78 @@
+"""What a batch leaves behind for the people watching: its metrics and its log lines, once per
+batch, from the plan's typed outcomes (``plan.BatchPlan``). No I/O but the log stream.
+
+One log line per batch for its decisions (partition, offset, transaction_id, outcome each:
+the audit trail, searchable by id, at a fraction of the cost of a line each), one per
+problem; duplicates are summed up in one warning per batch, ids included, so that a replay
+of millions does not flood the logs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+
+import structlog
+
+from service import metrics
+from service.plan import BatchPlan, Conflict, Decided, Duplicate, Invalid
+
+log = structlog.get_logger("service.pipeline")
+
+
+def account(plan: BatchPlan) -> None:
+    outcomes: Counter[str] = Counter()
+    layers: Counter[str] = Counter()
+    duplicate_ids: list[str] = []
+    decisions: list[dict[str, object]] = []
+    debug = log.is_enabled_for(logging.DEBUG)
+    for o in plan.outcomes:
+        outcomes[o.outcome.value] += 1
+        msg = o.msg
+        if isinstance(o, Duplicate):  # the common case of a replay: kept cheap
+            layers[o.layer] += 1
+            duplicate_ids.append(o.transaction_id)
+            if debug:
+                log.debug("duplicate", layer=o.layer, partition=msg.partition(),
+                          offset=msg.offset(), transaction_id=o.transaction_id)
+        elif isinstance(o, Decided):
+            decisions.append({"partition": msg.partition(), "offset": msg.offset(),
+                              "transaction_id": o.record.transaction_id,
+                              "outcome": o.outcome.value})
+        elif isinstance(o, Invalid):
+            # No transaction id: an id is only trusted (free of card data) once validated.
+            log.warning("dead_lettered", reason=o.reason.value, source=o.source,
+                        partition=msg.partition(), offset=msg.offset(),
+                        outcome=o.outcome.value, transaction_id=None, message_id=None)
+        elif isinstance(o, Conflict):
+            log.warning("idempotency_key_conflict", partition=msg.partition(),
+                        offset=msg.offset(), outcome=o.outcome.value,
+                        transaction_id=o.transaction_id, message_id=o.message_id)
+    if decisions:
+        log.info("decided", count=len(decisions), decisions=decisions)
+    for name, count in outcomes.items():
+        metrics.messages_total.labels(name).inc(count)
+    for layer, count in layers.items():
+        metrics.duplicates_total.labels(layer).inc(count)
+    if duplicate_ids:
+        log.warning(
+            "duplicates", count=len(duplicate_ids), by_layer=dict(layers),
+            partition=plan.outcomes[0].msg.partition(), transaction_ids=duplicate_ids[:100],
+            more=max(0, len(duplicate_ids) - 100),
+        )
+    reasons = Counter(o.reason.value for o in plan.dead_letters())
+    for reason, count in reasons.items():
+        metrics.dead_letters_total.labels(reason).inc(count)
+
+
+class StageClock:
+    """Observes the time since the previous lap under the stage just finished."""
+
+    def __init__(self) -> None:
+        self._last = time.perf_counter()
+
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        metrics.stage_seconds.labels(stage).observe(now - self._last)
+        self._last = now

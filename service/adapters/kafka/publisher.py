@@ -1,0 +1,101 @@
+"""``Publisher`` (implements ``ports.Publisher``): produce with the thread-safe ``Producer`` and
+await the broker's acknowledgements from asyncio; a small thread serves the delivery reports,
+which resolve one future per batch."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+
+import structlog
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+from service.domain.errors import PublishFailed
+from service.ports import Record
+
+log = structlog.get_logger(__name__)
+
+
+# Refusals a record meets again whatever the retry: it is larger than a limit.
+_SIZE_REFUSALS = {KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE}
+
+
+class _BatchAck:
+    """Counts a batch's delivery reports in the delivery thread; wakes the event loop once,
+    when the last one arrives (a wake-up per record would cost more than the record)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, count: int) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._remaining = count
+        self._errors: list[str] = []
+        self._too_large = False
+        self.future: asyncio.Future[None] = loop.create_future()
+
+    def on_delivery(self, err: KafkaError | None, _msg: Message) -> None:
+        with self._lock:
+            if err is not None:
+                self._errors.append(err.str())
+                self._too_large |= err.code() in _SIZE_REFUSALS
+            self._remaining -= 1
+            last = self._remaining == 0
+        if last:
+            self._loop.call_soon_threadsafe(self._settle)
+
+    def _settle(self) -> None:
+        if self.future.done():
+            return
+        if self._errors:
+            self.future.set_exception(PublishFailed(
+                f"{len(self._errors)} record(s) not acknowledged: {self._errors[0]}",
+                too_large=self._too_large))
+        else:
+            self.future.set_result(None)
+
+
+class Publisher:
+    """Produce and await the broker's acknowledgements from asyncio."""
+
+    def __init__(self, producer: Producer, loop: asyncio.AbstractEventLoop) -> None:
+        self._producer = producer
+        self._loop = loop
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="kafka-delivery", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stopping.is_set():
+            self._producer.poll(0.1)
+
+    async def publish(self, records: Sequence[Record]) -> None:
+        """Send every record; return once Kafka acknowledged all of them (``acks=all``), or
+        raise ``PublishFailed`` if any was refused or timed out."""
+        if not records:
+            return
+        ack = _BatchAck(self._loop, len(records))
+        for record in records:
+            headers: list[tuple[str, str | bytes | None]] | None = (
+                list(record.headers) if record.headers is not None else None
+            )
+            while True:
+                try:
+                    self._producer.produce(record.topic, value=record.value, key=record.key,
+                                           headers=headers, on_delivery=ack.on_delivery)
+                    break
+                except BufferError:
+                    await asyncio.sleep(0.01)  # local queue full: let deliveries drain it
+                except KafkaException as exc:
+                    ack.on_delivery(exc.args[0], None)  # type: ignore[arg-type]  # refused: no Message
+                    break
+        await ack.future
+
+    def flush(self, timeout: float) -> int:
+        return int(self._producer.flush(timeout))
+
+    def close(self, timeout: float = 10.0) -> None:
+        remaining = self.flush(timeout)
+        if remaining:
+            log.warning("producer_unflushed", messages=remaining)
+        self._stopping.set()
+        self._thread.join(timeout=2)

@@ -1,1 +1,0 @@
-"""``make bench``: the benchmark report (see ``service.bench.run``)."""

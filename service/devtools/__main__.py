@@ -1,0 +1,3 @@
+from service.devtools.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""``make bench``: the benchmark report (see ``service.devtools.bench.run``)."""

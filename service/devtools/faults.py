@@ -1,0 +1,114 @@
+"""Fault injection for the tests and the chaos run, as wrapper adapters that only the dev
+entry point (``service/devtools/entry.py``) installs; production code has no fault hooks.
+
+``PAYAUTH_TEST_FAULT_POINT`` names where the worker dies with SIGKILL, once:
+
+- ``before_db_commit`` / ``after_db_commit``: around the store's authorize call;
+- ``after_publish``: once Kafka acknowledged a batch's events, before its offsets are stored;
+- ``after_redis_set``: once the fast path was written;
+- ``rollback_once``: not a kill: the first authorize call is rolled back after its writes,
+  as a failing COMMIT would (the batch is retried).
+
+``PAYAUTH_TEST_UNSAFE_ORDERING=redis_before_commit`` is the deliberately WRONG commit order,
+for the checker's negative control: the fast path is written before the database COMMIT.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import asyncpg
+
+from service.adapters.postgres import AUTHORIZE_STATEMENT, PostgresStore
+from service.domain.dedup import StoredResult
+from service.domain.errors import TransientError
+from service.domain.messages import Authorization
+from service.ports import Cache, Publisher, Record, Store
+
+POINTS = ("before_db_commit", "after_db_commit", "after_publish", "after_redis_set",
+          "rollback_once")
+
+
+def kill_at(point: str, armed: str) -> None:
+    """SIGKILL this process when ``point`` is the armed one."""
+    if armed and point == armed:
+        sys.stderr.write(f'{{"event": "fault_injected", "point": "{point}"}}\n')
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class PlannedRollback(TransientError):
+    """The transaction was rolled back on purpose after its writes."""
+
+
+class RollbackOnceStore(PostgresStore):
+    """The first authorize call runs in a transaction that is rolled back after its writes."""
+
+    _rolled_back = False
+
+    async def _call_authorize(self, args: tuple[Any, ...]) -> list[asyncpg.Record]:
+        if RollbackOnceStore._rolled_back:
+            return await super()._call_authorize(args)
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.fetch(AUTHORIZE_STATEMENT, *args)
+            RollbackOnceStore._rolled_back = True
+            raise PlannedRollback("rolled back on purpose after the writes")
+
+
+class FaultyStore:
+    """Kills around the authorize call; or writes the fast path before it (the wrong order)."""
+
+    def __init__(self, inner: Store, cache: Cache, point: str, unsafe_ordering: str) -> None:
+        self._inner = inner
+        self._cache = cache
+        self._point = point
+        self._unsafe = unsafe_ordering == "redis_before_commit"
+
+    async def ping(self) -> bool:
+        return await self._inner.ping()
+
+    async def load_stored(self, txn_ids: Sequence[str]) -> dict[str, StoredResult]:
+        return await self._inner.load_stored(txn_ids)
+
+    async def authorize(self, new: Sequence[Authorization], **source: Any) -> list[StoredResult]:
+        if self._unsafe:
+            await self._cache.set_many({a.transaction_id: a.fingerprint for a in new})
+        kill_at("before_db_commit", self._point)
+        records = await self._inner.authorize(new, **source)
+        kill_at("after_db_commit", self._point)
+        return records
+
+    async def mark_published(self, batch_ids: Sequence[Any], txn_ids: Sequence[str]) -> None:
+        await self._inner.mark_published(batch_ids, txn_ids)
+
+
+class FaultyPublisher:
+    def __init__(self, inner: Publisher, point: str) -> None:
+        self._inner = inner
+        self._point = point
+
+    async def publish(self, records: Sequence[Record]) -> None:
+        await self._inner.publish(records)
+        kill_at("after_publish", self._point)
+
+
+class FaultyCache:
+    def __init__(self, inner: Cache, point: str) -> None:
+        self._inner = inner
+        self._point = point
+
+    @property
+    def up(self) -> bool:
+        return self._inner.up
+
+    async def get_many(self, txn_ids: Sequence[str]) -> dict[str, str]:
+        return await self._inner.get_many(txn_ids)
+
+    async def set_many(self, fingerprints: dict[str, str]) -> bool:
+        done = await self._inner.set_many(fingerprints)
+        kill_at("after_redis_set", self._point)
+        return done

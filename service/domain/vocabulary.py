@@ -1,0 +1,61 @@
+"""The words payauth and its database share, defined once.
+
+The decision itself lives in one place, the SQL function ``payauth_authorize``
+(``migrations/004_authorize_function.sql``); the schema's CHECKs bound what may be stored.
+Both spell these values as SQL literals: ``tests/unit/test_vocabulary.py`` reads the
+migrations and holds every literal and CHECK to this module, so a value added or renamed
+on one side only fails a test.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from enum import StrEnum
+
+
+class AuthorizationType(StrEnum):
+    PURCHASE = "PURCHASE"  # debits the account
+    REFUND = "REFUND"  # credits the account
+
+
+class Result(StrEnum):
+    APPROVED = "APPROVED"
+    DECLINED = "DECLINED"
+
+
+class DeclineReason(StrEnum):
+    INSUFFICIENT_FUNDS = "INSUFFICIENT_FUNDS"
+    UNKNOWN_ACCOUNT = "UNKNOWN_ACCOUNT"
+    CURRENCY_MISMATCH = "CURRENCY_MISMATCH"
+    ACCOUNT_BLOCKED = "ACCOUNT_BLOCKED"
+
+
+class AccountStatus(StrEnum):
+    """Only ACTIVE accounts are debited or credited; any other status declines."""
+
+    ACTIVE = "ACTIVE"
+    BLOCKED = "BLOCKED"
+    CLOSED = "CLOSED"
+
+
+class Outcome(StrEnum):
+    """What happened to one message; the label of ``payauth_messages_total``."""
+
+    APPROVED = "approved"
+    DECLINED = "declined"
+    DUPLICATE = "duplicate"
+    CONFLICT = "conflict"
+    INVALID = "invalid"
+
+
+# Amounts are stored as numeric with at most 15 integer digits in the ledger (and at most
+# 4 decimals). Bounding here (for credits as much as debits) keeps Decimal("1e400"), which
+# *is* finite, out of the database instead of turning it into a numeric overflow that would
+# never stop retrying.
+MAX_AMOUNT = Decimal("999999999999999")
+MAX_AMOUNT_DECIMALS = 4
+
+# Identifiers (transaction, account, message ids): printable ASCII without spaces, so that
+# they are safe in logs, headers and keys.
+IDENTIFIER_PATTERN = r"^[!-~]{1,64}$"
+CURRENCY_PATTERN = r"^[A-Z]{3}$"

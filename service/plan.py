@@ -1,0 +1,200 @@
+"""What to do with each message of a batch: pure functions, no I/O, no metrics.
+
+The runner (``pipeline.BatchProcessor``) does the I/O between these steps and hands each
+step what the previous I/O returned:
+
+    read_keys(messages)                       → a redelivery key per message, or None
+    [cache lookup]
+    split_fast_path(messages, keys, known)    → fast-path duplicates, and the rest
+    decode_all(rest, limits)                  → valid requests, and dead letters
+    [store lookup]
+    split_stored(valid, stored)               → new requests, and duplicates/conflicts
+    [authorize the new ones]
+    decided(new, records)                     → the decisions
+    BatchPlan(...)                            → events, dead letters, fast-path entries
+
+Every outcome is a value of its own type (``Decided``, ``Duplicate``, ``Conflict``,
+``Invalid``), so that what a field means never depends on another field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Literal
+
+from service.domain.dedup import Kind, StoredResult, classify
+from service.domain.errors import DeadLetterReason, InvalidMessage
+from service.domain.messages import Authorization, decode_authorization, redelivery_key
+from service.domain.pan import redact
+from service.domain.vocabulary import Outcome, Result
+from service.ports import Message
+
+RedeliveryKey = tuple[str, str] | None  # (transaction_id, fingerprint as sent)
+
+
+@dataclass(frozen=True, slots=True)
+class Decided:
+    """Decided now by this batch."""
+
+    msg: Message
+    record: StoredResult
+    message_id: str
+
+    @property
+    def outcome(self) -> Outcome:
+        return Outcome.APPROVED if self.record.result is Result.APPROVED else Outcome.DECLINED
+
+
+@dataclass(frozen=True, slots=True)
+class Duplicate:
+    """A transaction decided before. ``republish``: its stored result, when its event was
+    never confirmed published (the batch publishes it again, same event_id)."""
+
+    msg: Message
+    layer: Literal["redis", "postgres"]
+    transaction_id: str
+    message_id: str | None = None  # known once validated (the fast path skips validation)
+    republish: StoredResult | None = None
+    fingerprint: str | None = None  # to (re)write to the fast path once published
+
+    outcome = Outcome.DUPLICATE
+
+
+@dataclass(frozen=True, slots=True)
+class Conflict:
+    """The transaction_id of a decided transaction with another payload: dead-lettered."""
+
+    msg: Message
+    transaction_id: str
+    message_id: str
+
+    outcome = Outcome.CONFLICT
+    reason = DeadLetterReason.IDEMPOTENCY_KEY_CONFLICT
+    detail = ("transaction_id already seen with a different amount, currency, account or "
+              "type; nothing was debited")
+
+
+@dataclass(frozen=True, slots=True)
+class Invalid:
+    """Not an authorization request (or not one the worker could process): dead-lettered."""
+
+    msg: Message
+    reason: DeadLetterReason
+    detail: str
+    # "database" when PostgreSQL refused the row after validation accepted it
+    source: str = "validation"
+
+    outcome = Outcome.INVALID
+
+
+MessageOutcome = Decided | Duplicate | Conflict | Invalid
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_message_bytes: int = 65_536
+    max_refund: Decimal = Decimal("10000")
+
+
+def read_keys(msgs: Sequence[Message], limits: Limits) -> list[RedeliveryKey]:
+    """Each message's key fields, read cheaply (None: the full path decides)."""
+    return [redelivery_key(msg.value(), max_bytes=limits.max_message_bytes) for msg in msgs]
+
+
+def split_fast_path(msgs: Sequence[Message], keys: Sequence[RedeliveryKey],
+                    known: dict[str, str]) -> tuple[list[Duplicate], list[Message]]:
+    """A message whose key fields are exactly those of a transaction the fast path knows is
+    a duplicate already decided and published; every other one goes on."""
+    duplicates: list[Duplicate] = []
+    rest: list[Message] = []
+    for msg, key in zip(msgs, keys, strict=True):
+        if key is not None and known.get(key[0]) == key[1]:
+            duplicates.append(Duplicate(msg, "redis", key[0]))
+        else:
+            rest.append(msg)
+    return duplicates, rest
+
+
+def decode_all(msgs: Sequence[Message], limits: Limits
+               ) -> tuple[list[tuple[Message, Authorization]], list[Invalid]]:
+    """Parse strictly and validate; whatever refuses a message, even a bug in decoding,
+    makes it a dead letter (decoding is pure: trying again would fail the same way)."""
+    valid: list[tuple[Message, Authorization]] = []
+    invalid: list[Invalid] = []
+    for msg in msgs:
+        try:
+            valid.append((msg, decode_authorization(
+                msg.value(), max_bytes=limits.max_message_bytes, max_refund=limits.max_refund)))
+        except InvalidMessage as exc:
+            invalid.append(Invalid(msg, exc.reason, exc.detail))
+        except Exception as exc:
+            invalid.append(Invalid(msg, DeadLetterReason.PROCESSING_FAILED,
+                                   f"decoding failed: {failure_detail(exc)}"))
+    return valid, invalid
+
+
+def split_stored(valid: Sequence[tuple[Message, Authorization]],
+                 stored: dict[str, StoredResult]
+                 ) -> tuple[list[tuple[Message, Authorization]], list[Duplicate | Conflict]]:
+    """New requests (to authorize), and the duplicates and conflicts of the dedup records
+    or of an earlier message of the same batch."""
+    new: list[tuple[Message, Authorization]] = []
+    repeats: list[Duplicate | Conflict] = []
+    classified = classify([auth for _, auth in valid], stored)
+    for (msg, auth), c in zip(valid, classified, strict=True):
+        if c.kind is Kind.NEW:
+            new.append((msg, auth))
+        elif c.kind is Kind.DUPLICATE:
+            previous = c.previous
+            repeats.append(Duplicate(
+                msg, "postgres", auth.transaction_id, auth.message_id,
+                republish=previous if previous is not None and not previous.published else None,
+                fingerprint=auth.fingerprint if previous is not None else None))
+        else:
+            repeats.append(Conflict(msg, auth.transaction_id, auth.message_id))
+    return new, repeats
+
+
+def decided(new: Sequence[tuple[Message, Authorization]],
+            records: dict[str, StoredResult]) -> list[Decided]:
+    """The decisions of the new requests (one the store refused has no record: it is
+    dead-lettered by the runner instead)."""
+    return [Decided(msg, records[auth.transaction_id], auth.message_id)
+            for msg, auth in new if auth.transaction_id in records]
+
+
+@dataclass
+class BatchPlan:
+    """Every message's outcome, and what follows from them."""
+
+    outcomes: list[MessageOutcome] = field(default_factory=list)
+
+    def events(self) -> list[tuple[StoredResult, bool]]:
+        """Result events to publish: (record, is a republication), one per transaction."""
+        out: dict[str, tuple[StoredResult, bool]] = {}
+        for o in self.outcomes:
+            if isinstance(o, Decided):
+                out[o.record.transaction_id] = (o.record, False)
+            elif isinstance(o, Duplicate) and o.republish is not None:
+                out.setdefault(o.transaction_id, (o.republish, True))
+        return list(out.values())
+
+    def dead_letters(self) -> list[Conflict | Invalid]:
+        return [o for o in self.outcomes if isinstance(o, Conflict | Invalid)]
+
+    def fast_path_entries(self) -> dict[str, str]:
+        """transaction_id → fingerprint, to remember once the events are acknowledged."""
+        out: dict[str, str] = {}
+        for o in self.outcomes:
+            if isinstance(o, Decided):
+                out[o.record.transaction_id] = o.record.fingerprint
+            elif isinstance(o, Duplicate) and o.fingerprint is not None:
+                out[o.transaction_id] = o.fingerprint
+        return out
+
+
+def failure_detail(exc: BaseException) -> str:
+    """The error's type and first words, masked: an error text may quote its input."""
+    return redact(f"{type(exc).__name__}: {exc}")[:300]

@@ -1,0 +1,86 @@
+"""The ports: what the batch runner needs from the outside world, defined here and implemented
+by the adapters (``service/adapters``). The core (``plan``, ``pipeline``, ``dispatcher``)
+imports these, never an adapter; an adapter translates its library's exceptions into the
+errors below (and those of ``domain.errors``) at its boundary.
+
+- ``Store``: the dedup records and the authorize call (PostgreSQL).
+- ``Cache``: the fast path (Redis); may only ever give false negatives.
+- ``Publisher``: result events and dead letters, returning once Kafka acknowledged them all.
+- ``OffsetSink``: where finished work is reported, for the consumer to store its offsets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+from uuid import UUID
+
+from service.domain.dedup import StoredResult
+from service.domain.errors import TransientError
+from service.domain.messages import Authorization
+
+TP = tuple[str, int]  # (topic, partition)
+
+
+class Message(Protocol):
+    """A consumed record, as the core reads it (confluent-kafka's ``Message`` is one)."""
+
+    def value(self) -> bytes | None: ...
+    def key(self) -> bytes | None: ...
+    def topic(self) -> str | None: ...
+    def partition(self) -> int | None: ...
+    def offset(self) -> int | None: ...
+    def timestamp(self) -> tuple[int, int]: ...
+    def headers(self) -> list[tuple[str, bytes]] | None: ...
+
+
+@dataclass(frozen=True)
+class Record:
+    """A record to publish."""
+
+    topic: str
+    key: bytes | str | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]] | None = None
+
+
+class ClaimLost(TransientError):
+    """Another replica claimed a transaction of this batch first; retry the batch."""
+
+
+class DataRejected(Exception):
+    """The store refused the data itself (a constraint the validation did not foresee).
+
+    Not transient: retrying the same batch fails the same way. The caller isolates the
+    message(s) responsible and dead-letters them."""
+
+
+class Store(Protocol):
+    async def ping(self) -> bool: ...
+    async def load_stored(self, txn_ids: Sequence[str]) -> dict[str, StoredResult]: ...
+    async def authorize(
+        self,
+        new: Sequence[Authorization],
+        *,
+        source_topic: str,
+        source_partitions: Sequence[int],
+        source_offsets: Sequence[int],
+    ) -> list[StoredResult]: ...
+    async def mark_published(self, batch_ids: Sequence[UUID],
+                             txn_ids: Sequence[str]) -> None: ...
+
+
+class Cache(Protocol):
+    @property
+    def up(self) -> bool: ...
+    async def get_many(self, txn_ids: Sequence[str]) -> dict[str, str]: ...
+    async def set_many(self, fingerprints: dict[str, str]) -> bool: ...
+
+
+class Publisher(Protocol):
+    async def publish(self, records: Sequence[Record]) -> None: ...
+
+
+class OffsetSink(Protocol):
+    def done(self, tp: TP, next_offset: int, count: int) -> None: ...

@@ -1,0 +1,63 @@
+"""A Python model of the decision rules, for tests only: production decides in one place, the
+SQL function ``payauth_authorize`` (migrations/004). ``tests/integration/
+test_authorize_function.py`` holds the function to this model, rule by rule and on random
+batches; a disagreement means one of the two is wrong, and the test says which batch shows it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+
+from service.domain.messages import Authorization
+from service.domain.vocabulary import AccountStatus, AuthorizationType, DeclineReason, Result
+
+
+@dataclass(frozen=True, slots=True)
+class Account:
+    account_id: str
+    balance: Decimal
+    currency: str
+    status: str  # an AccountStatus value
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    result: Result
+    decline_reason: DeclineReason | None
+    delta: Decimal  # signed change to the balance; 0 for a decline
+
+
+def decide(auth: Authorization, account: Account | None) -> Decision:
+    """Approve or decline one authorization against the account as it stands now."""
+    if account is None:
+        return Decision(Result.DECLINED, DeclineReason.UNKNOWN_ACCOUNT, Decimal(0))
+    if account.status != AccountStatus.ACTIVE:
+        return Decision(Result.DECLINED, DeclineReason.ACCOUNT_BLOCKED, Decimal(0))
+    if account.currency != auth.currency:
+        return Decision(Result.DECLINED, DeclineReason.CURRENCY_MISMATCH, Decimal(0))
+    if auth.authorization_type is AuthorizationType.REFUND:
+        return Decision(Result.APPROVED, None, auth.amount)
+    if account.balance < auth.amount:
+        return Decision(Result.DECLINED, DeclineReason.INSUFFICIENT_FUNDS, Decimal(0))
+    return Decision(Result.APPROVED, None, -auth.amount)
+
+
+def decide_in_order(
+    new: Sequence[Authorization], accounts: Mapping[str, Account]
+) -> list[Decision]:
+    """Decide new authorizations in offset order, each seeing the balance the ones before it
+    left (one account's debits in a batch cannot overdraw it together)."""
+    current = dict(accounts)
+    decisions = []
+    for auth in new:
+        account = current.get(auth.account_id)
+        decision = decide(auth, account)
+        if account is not None and decision.delta:
+            current[auth.account_id] = Account(
+                account.account_id, account.balance + decision.delta, account.currency,
+                account.status,
+            )
+        decisions.append(decision)
+    return decisions

@@ -1,0 +1,58 @@
+"""The database speaks the same words as the code: the migrations' CHECKs and the decision
+function's literals, read from the SQL files, against ``service/domain/vocabulary.py``."""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from pathlib import Path
+
+from service.domain import vocabulary as v
+
+MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
+
+
+def sql(name: str) -> str:
+    text = (MIGRATIONS / name).read_text()
+    return re.sub(r"--[^\n]*", "", text)  # comments may quote anything
+
+
+def in_lists(text: str, column: str) -> list[set[str]]:
+    """Every ``column IN ('A', 'B')`` of the text, as sets."""
+    return [set(re.findall(r"'([^']*)'", m))
+            for m in re.findall(rf"\b{column}\s+IN\s*\(([^)]*)\)", text)]
+
+
+def values(enum: type[StrEnum]) -> set[str]:
+    return {member.value for member in enum}
+
+
+def test_schema_checks_name_the_vocabulary() -> None:
+    schema = sql("001_schema.sql")
+    assert in_lists(schema, "status") == [values(v.AccountStatus)]
+    assert in_lists(schema, "result") == [values(v.Result)]
+    assert in_lists(schema, "decline_reason") == [values(v.DeclineReason)]
+    assert in_lists(schema, "type") == [values(v.AuthorizationType)]
+    assert in_lists(schema, "authorization_type") == [values(v.AuthorizationType)]
+    assert set(re.findall(r"(?:account_id|txn_id) ~ '([^']*)'", schema)) == \
+        {v.IDENTIFIER_PATTERN}
+    assert set(re.findall(r"currency ~ '([^']*)'", schema)) == {v.CURRENCY_PATTERN}
+    assert set(re.findall(r"amount\)? <= (\d{5,})", schema)) == {str(v.MAX_AMOUNT)}
+    assert re.findall(r"scale\(amount\) <= (\d+)", schema) == [str(v.MAX_AMOUNT_DECIMALS)]
+
+
+def test_the_decision_function_speaks_only_the_vocabulary() -> None:
+    function = sql("004_authorize_function.sql")
+    literals = set(re.findall(r"'([A-Z][A-Z0-9_]*)'", function))
+    words = (values(v.Result) | values(v.DeclineReason) | values(v.AccountStatus)
+             | values(v.AuthorizationType))
+    assert literals - {"PA409"} <= words, literals - words  # PA409: the lost claim's SQLSTATE
+    # Every decline reason can be given, and every result.
+    assert values(v.DeclineReason) | values(v.Result) <= literals
+    # The status that allows a decision is the vocabulary's, by name.
+    assert f"<> '{v.AccountStatus.ACTIVE}'" in function
+
+
+def test_a_drifted_literal_is_caught() -> None:
+    drifted = "CHECK (status IN ('ACTIVE', 'BLOCKED', 'SUSPENDED'))"
+    assert in_lists(drifted, "status") != [values(v.AccountStatus)]
