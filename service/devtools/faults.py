@@ -15,6 +15,7 @@ for the checker's negative control: the fast path is written before the database
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import sys
@@ -76,7 +77,13 @@ class FaultyStore:
 
     async def authorize(self, new: Sequence[Authorization], **source: Any) -> list[StoredResult]:
         if self._unsafe:
-            await self._cache.set_many({a.transaction_id: a.fingerprint for a in new})
+            # The planted fault must happen for the negative control to mean anything: a
+            # Redis slow to answer (a loaded machine) would otherwise skip the write.
+            entries = {a.transaction_id: a.fingerprint for a in new}
+            for _ in range(100):
+                if await self._cache.set_many(entries):
+                    break
+                await asyncio.sleep(0.1)
         kill_at("before_db_commit", self._point)
         records = await self._inner.authorize(new, **source)
         kill_at("after_db_commit", self._point)
