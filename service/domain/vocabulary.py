@@ -56,6 +56,8 @@ MAX_AMOUNT = Decimal("999999999999999")
 MAX_AMOUNT_DECIMALS = 4
 
 # Identifiers (transaction, account, message ids): printable ASCII without spaces, so that
-# they are safe in logs, headers and keys.
-IDENTIFIER_PATTERN = r"^[!-~]{1,64}$"
+# they are safe in logs, headers and keys; at most 64 of them.
+IDENTIFIER_CHARS = "[!-~]"
+IDENTIFIER_MAX_LENGTH = 64
+IDENTIFIER_PATTERN = f"^{IDENTIFIER_CHARS}{{1,{IDENTIFIER_MAX_LENGTH}}}$"  # as the schema says
 CURRENCY_PATTERN = r"^[A-Z]{3}$"
