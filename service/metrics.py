@@ -28,7 +28,7 @@ duplicates_total = Counter(
 )
 processing_seconds = Histogram(
     "payauth_processing_seconds",
-    "Time to process one batch of a partition, from hand-off to offset stored.",
+    "Time to process one batch (one or more partitions), from hand-off to offsets reported.",
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
     registry=REGISTRY,
 )
