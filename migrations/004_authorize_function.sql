@@ -7,9 +7,10 @@
 -- and the rows written inside the server, and the call commits on its own (autocommit):
 -- one round trip, locks held for the statement only.
 --
--- The inputs are the batch in offset order, one array element per authorization. The
--- decisions follow service/domain/decision.py (decide, decide_in_order), which stays the
--- reference: tests/integration/test_authorize_function.py checks this function against it.
+-- The inputs are the batch in offset order, one array element per authorization. This is
+-- the one place the decision rules live; tests/integration/test_authorize_function.py holds
+-- it to a Python model of them (tests/support/oracle.py), and tests/unit/test_vocabulary.py
+-- its literals to service/domain/vocabulary.py.
 -- When fewer transactions are claimed than sent, another replica decided some of them
 -- first: the function raises SQLSTATE PA409 and the whole statement is rolled back.
 CREATE OR REPLACE FUNCTION payauth_authorize(

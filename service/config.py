@@ -13,6 +13,8 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from service.domain.vocabulary import DEFAULT_MAX_REFUND
+
 
 class ConfigError(Exception):
     """A setting is missing or malformed; the message is one line meant for the operator."""
@@ -77,7 +79,7 @@ class Settings(BaseSettings):
     # The largest REFUND decided without a person: a larger one is dead-lettered
     # (LIMIT_EXCEEDED) for a check and a redrive. A credit needs no funds, so without a
     # bound one message could credit any sum.
-    max_refund_amount: Decimal = Field(default=Decimal("10000"), gt=0, allow_inf_nan=False)
+    max_refund_amount: Decimal = Field(default=DEFAULT_MAX_REFUND, gt=0, allow_inf_nan=False)
     # The producer's message.max.bytes: the largest record the worker sends. A dead letter
     # larger than this (or than the dead-letter topic's max.message.bytes, read at start)
     # carries a preview and the original's size and hash instead of the whole original.

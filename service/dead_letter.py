@@ -12,10 +12,10 @@ where ``payauth dlq redrive`` fetches it, checking the hash.
 from __future__ import annotations
 
 import hashlib
-from typing import Protocol
 
 from service.domain.errors import DeadLetterReason
 from service.domain.pan import redact
+from service.ports import Message
 
 PREVIEW_BYTES = 1024
 # Room for the record's own framing (batch and record headers, timestamps) beside key,
@@ -23,16 +23,8 @@ PREVIEW_BYTES = 1024
 RECORD_OVERHEAD_BYTES = 512
 
 
-class SourceMessage(Protocol):
-    def topic(self) -> str | None: ...
-    def partition(self) -> int | None: ...
-    def offset(self) -> int | None: ...
-    def timestamp(self) -> tuple[int, int]: ...
-    def headers(self) -> list[tuple[str, bytes]] | None: ...
-
-
 def dead_letter_headers(
-    msg: SourceMessage, reason: DeadLetterReason | str, detail: str
+    msg: Message, reason: DeadLetterReason | str, detail: str
 ) -> list[tuple[str, bytes]]:
     _, timestamp_ms = msg.timestamp()
     headers = [
@@ -51,7 +43,7 @@ def dead_letter_headers(
 
 
 def dead_letter_payload(
-    msg: SourceMessage, key: bytes | None, value: bytes | None, reason: DeadLetterReason | str,
+    msg: Message, key: bytes | None, value: bytes | None, reason: DeadLetterReason | str,
     detail: str, *, max_record_bytes: int,
 ) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]:
     """(key, value, headers) of the dead-letter record for ``msg``: the original bytes when

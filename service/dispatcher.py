@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import structlog
@@ -37,11 +37,15 @@ class Dispatcher:
         self,
         processor: Processor,
         *,
+        finished_up_to: Callable[[TP], int | None] = lambda _tp: None,
         max_batch: int,
         close_timeout: float,
         max_in_flight: int = 2,
     ) -> None:
         self._processor = processor
+        # Where the processor reported a partition finished (it reports as it goes, e.g.
+        # each half of a batch it isolates): a cancelled batch gives back only what is past.
+        self._finished_up_to = finished_up_to
         self._max_batch = max_batch
         self._close_timeout = close_timeout
         self._max_in_flight = max_in_flight
@@ -68,7 +72,8 @@ class Dispatcher:
     async def revoke(self, tps: list[TP], *, lost: bool) -> None:
         """Forget what waits on these partitions; let batches touching them finish (bounded:
         a batch still retrying is cancelled, and the next owner replays its messages on these
-        partitions, safely, since no offset of the batch was stored)."""
+        partitions past what the batch reported finished, safely: nothing past that was
+        reported, so no offset past it can be stored)."""
         revoked = set(tps)
         for tp in tps:
             self._pending.pop(tp, None)
@@ -94,7 +99,8 @@ class Dispatcher:
             kept: dict[TP, list[Any]] = {}
             for msg in batch:
                 tp = (msg.topic(), msg.partition())
-                if tp not in revoked:
+                finished = self._finished_up_to(tp)
+                if tp not in revoked and (finished is None or msg.offset() >= finished):
                     kept.setdefault(tp, []).append(msg)
             for tp, msgs in kept.items():
                 self._pending.setdefault(tp, deque()).extendleft(reversed(msgs))

@@ -59,6 +59,7 @@ from service.plan import (
     decided,
     decode_all,
     failure_detail,
+    in_message_order,
     read_keys,
     split_fast_path,
     split_stored,
@@ -220,7 +221,7 @@ class BatchProcessor:
         outcomes: list[MessageOutcome] = [*fast_duplicates, *invalid]
         if valid:
             outcomes += await self._decide(valid, stage)
-        plan = BatchPlan(outcomes)
+        plan = BatchPlan(in_message_order(outcomes, msgs))
 
         # 4. publish results and dead letters; wait for every acknowledgement
         await self._publish(plan)
@@ -231,7 +232,7 @@ class BatchProcessor:
         self._report_offsets(msgs)
 
         # 6. (off the critical path) confirm publication, then the fast path
-        self.confirmations.add(plan.events(), plan.fast_path_entries())
+        self.confirmations.add(plan.events, plan.fast_path_entries())
         return plan
 
     async def _decide(self, valid: list[tuple[Message, Authorization]],
@@ -274,13 +275,14 @@ class BatchProcessor:
     async def _dead_letter_condemned(self, msgs: Sequence[Message]) -> BatchPlan:
         """The message that kept failing (``process``): to the dead-letter topic, alone."""
         plan = BatchPlan([Invalid(m, DeadLetterReason.PROCESSING_FAILED,
-                                  self._condemned[_coordinates(m)]) for m in msgs])
+                                  self._condemned[_coordinates(m)], source="processing")
+                          for m in msgs])
         await self._publish(plan)
         self._report_offsets(msgs)
         return plan
 
     async def _publish(self, plan: BatchPlan) -> None:
-        events = plan.events()
+        events = plan.events
         records = [Record(self._topics.output, record.account_id,
                           encode_event(result_event(record))) for record, _repeat in events]
         for letter in plan.dead_letters():

@@ -22,13 +22,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
+from functools import cached_property
 from typing import Literal
 
 from service.domain.dedup import Kind, StoredResult, classify
 from service.domain.errors import DeadLetterReason, InvalidMessage
 from service.domain.messages import Authorization, decode_authorization, redelivery_key
 from service.domain.pan import redact
-from service.domain.vocabulary import Outcome, Result
+from service.domain.vocabulary import DEFAULT_MAX_REFUND, Outcome, Result
 from service.ports import Message
 
 RedeliveryKey = tuple[str, str] | None  # (transaction_id, fingerprint as sent)
@@ -83,7 +84,8 @@ class Invalid:
     msg: Message
     reason: DeadLetterReason
     detail: str
-    # "database" when PostgreSQL refused the row after validation accepted it
+    # "database": PostgreSQL refused the row validation accepted; "processing": the worker
+    # failed on it again and again (PROCESSING_FAILED)
     source: str = "validation"
 
     outcome = Outcome.INVALID
@@ -95,7 +97,7 @@ MessageOutcome = Decided | Duplicate | Conflict | Invalid
 @dataclass(frozen=True)
 class Limits:
     max_message_bytes: int = 65_536
-    max_refund: Decimal = Decimal("10000")
+    max_refund: Decimal = DEFAULT_MAX_REFUND
 
 
 def read_keys(msgs: Sequence[Message], limits: Limits) -> list[RedeliveryKey]:
@@ -165,12 +167,25 @@ def decided(new: Sequence[tuple[Message, Authorization]],
             for msg, auth in new if auth.transaction_id in records]
 
 
+def in_message_order(outcomes: list[MessageOutcome],
+                     msgs: Sequence[Message]) -> list[MessageOutcome]:
+    """The outcomes in the batch's order (so events and dead letters are published in it);
+    exactly one per message, or the batch fails (never an offset for a message that got no
+    outcome)."""
+    position = {id(msg): i for i, msg in enumerate(msgs)}
+    ordered = sorted(outcomes, key=lambda o: position[id(o.msg)])
+    if [id(o.msg) for o in ordered] != [id(m) for m in msgs]:
+        raise AssertionError(f"{len(outcomes)} outcome(s) for {len(msgs)} message(s)")
+    return ordered
+
+
 @dataclass
 class BatchPlan:
     """Every message's outcome, and what follows from them."""
 
     outcomes: list[MessageOutcome] = field(default_factory=list)
 
+    @cached_property
     def events(self) -> list[tuple[StoredResult, bool]]:
         """Result events to publish: (record, is a republication), one per transaction."""
         out: dict[str, tuple[StoredResult, bool]] = {}

@@ -102,9 +102,9 @@ async def run_worker(settings: Settings, wiring: Wiring | None = None) -> int:
     metrics.redis_up.set(1 if await cache.ping() else 0)
     publisher = KafkaPublisher(Producer(producer_config(settings)), loop)
     tracker = OffsetTracker()
-    wrapped_cache = wiring.wrap_cache(cache)
+    wrapped_cache = wiring.wrap_cache(cache)  # the store's wrapper gets the plain one
     processor = BatchProcessor(
-        wiring.wrap_store(store, wrapped_cache), wrapped_cache,
+        wiring.wrap_store(store, cache), wrapped_cache,
         wiring.wrap_publisher(publisher), tracker,
         Topics(output=settings.output_topic, dlq=settings.dlq_topic),
         limits=Limits(max_message_bytes=settings.max_message_bytes,
@@ -115,7 +115,7 @@ async def run_worker(settings: Settings, wiring: Wiring | None = None) -> int:
     )
     _tune_garbage_collector()
     dispatcher = Dispatcher(
-        processor,
+        processor, finished_up_to=tracker.reported,
         max_batch=settings.max_batch_size,
         close_timeout=settings.shutdown_timeout_seconds * 0.8,
         max_in_flight=settings.max_concurrent_batches,

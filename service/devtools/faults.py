@@ -49,14 +49,14 @@ class PlannedRollback(TransientError):
 class RollbackOnceStore(PostgresStore):
     """The first authorize call runs in a transaction that is rolled back after its writes."""
 
-    _rolled_back = False
+    _rolled_back = False  # per instance once set
 
     async def _call_authorize(self, args: tuple[Any, ...]) -> list[asyncpg.Record]:
-        if RollbackOnceStore._rolled_back:
+        if self._rolled_back:
             return await super()._call_authorize(args)
         async with self._pool.acquire() as conn, conn.transaction():
             await conn.fetch(AUTHORIZE_STATEMENT, *args)
-            RollbackOnceStore._rolled_back = True
+            self._rolled_back = True
             raise PlannedRollback("rolled back on purpose after the writes")
 
 

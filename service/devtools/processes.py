@@ -40,7 +40,8 @@ class WorkerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         # The production command, unless a fault is asked for: then the dev entry point,
         # which wires the fault-injecting adapters in.
-        faulty = any(k.startswith("PAYAUTH_TEST_") and v for k, v in self.env.items())
+        faulty = any(self.env.get(k) for k in ("PAYAUTH_TEST_FAULT_POINT",
+                                               "PAYAUTH_TEST_UNSAFE_ORDERING"))
         command = ["service.devtools", "worker"] if faulty else ["service", "run"]
         with self.log_path.open("wb") as log:  # a fresh log: its port line is this run's
             self.proc = subprocess.Popen(

@@ -40,14 +40,12 @@ from service.domain.pan import (
     may_contain_pan,
 )
 from service.domain.vocabulary import (
+    DEFAULT_MAX_REFUND,
     IDENTIFIER_CHARS,
     IDENTIFIER_MAX_LENGTH,
     MAX_AMOUNT,
     AuthorizationType,
 )
-
-# The largest REFUND decided without a person looking (PAYAUTH_MAX_REFUND_AMOUNT).
-DEFAULT_MAX_REFUND = Decimal("10000")
 
 # Stable namespace for event ids: the same transaction_id always yields the same event_id.
 EVENT_NAMESPACE = uuid.UUID("6b1f5c1e-8f4e-4e1c-9a55-3f0d2f0c9a01")

@@ -54,6 +54,8 @@ class Outcome(StrEnum):
 # never stop retrying.
 MAX_AMOUNT = Decimal("999999999999999")
 MAX_AMOUNT_DECIMALS = 4
+# The largest REFUND decided without a person looking (PAYAUTH_MAX_REFUND_AMOUNT's default).
+DEFAULT_MAX_REFUND = Decimal("10000")
 
 # Identifiers (transaction, account, message ids): printable ASCII without spaces, so that
 # they are safe in logs, headers and keys; at most 64 of them.

@@ -160,3 +160,36 @@ async def test_the_age_of_the_oldest_unfinished_message_per_partition() -> None:
     assert set(ages) == {("t", 0)} and ages[("t", 0)] >= 0
     await dispatcher.revoke([("t", 0)], lost=False)
     assert dispatcher.oldest_unfinished() == {}
+
+
+async def test_a_cancelled_batch_gives_back_only_what_was_not_reported_finished() -> None:
+    """The processor reports as it goes (each half of an isolated batch): what it reported
+    finished is not processed again after a revoke cancels the batch."""
+    reported: dict[tuple[str, int], int] = {}
+    gate, stuck = asyncio.Event(), asyncio.Event()
+
+    async def first_batch_waits_at_the_gate() -> None:
+        await gate.wait()
+
+    class HalfDoneThenStuck(Processor):
+        async def process(self, msgs: Sequence[Msg]) -> None:
+            if self.calls == 1 and {m.p for m in msgs} == {0, 1}:
+                self.calls += 1
+                reported[("t", 1)] = 2  # offsets 0 and 1 of partition 1: done, reported
+                stuck.set()
+                await asyncio.Event().wait()  # then stuck on the rest
+            await super().process(msgs)
+
+    processor = HalfDoneThenStuck(first_batch_waits_at_the_gate)
+    dispatcher = Dispatcher(processor, finished_up_to=reported.get, max_batch=100,
+                            close_timeout=0.05, max_in_flight=1)
+    dispatcher.submit(("t", 2), [Msg(2, 0)])  # in flight: the next batch takes 0 and 1 together
+    await processor.started.wait()
+    dispatcher.submit(("t", 0), [Msg(0, 0)])
+    dispatcher.submit(("t", 1), [Msg(1, 0), Msg(1, 1), Msg(1, 2)])
+    gate.set()
+    await processor.until_done(1)
+    await stuck.wait()
+    await dispatcher.revoke([("t", 0)], lost=False)
+    await processor.until_done(2)
+    assert [(m.p, m.off) for m in processor.done] == [(2, 0), (1, 2)]

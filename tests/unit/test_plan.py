@@ -51,7 +51,7 @@ def test_each_message_gets_one_typed_outcome_and_the_plan_follows() -> None:
     assert isinstance(now[0], Decided) and now[0].outcome is Outcome.APPROVED
 
     plan = BatchPlan([*fast_dups, *invalid, *now, *repeats])
-    assert [(r.transaction_id, again) for r, again in plan.events()] == [("N", False),
+    assert [(r.transaction_id, again) for r, again in plan.events] == [("N", False),
                                                                           ("O", True)]
     assert {type(d) for d in plan.dead_letters()} == {Invalid, Conflict}
     assert set(plan.fast_path_entries()) == {"N", "O"}, "never a conflict, never before commit"

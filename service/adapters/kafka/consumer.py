@@ -45,11 +45,18 @@ class OffsetTracker:
         self._lock = threading.Lock()
         self._next: dict[TP, int] = {}
         self._count: dict[TP, int] = {}
+        self._reported: dict[TP, int] = {}  # the highest next offset ever reported
 
     def done(self, tp: TP, next_offset: int, count: int) -> None:
         with self._lock:
             self._next[tp] = max(next_offset, self._next.get(tp, -1))
             self._count[tp] = self._count.get(tp, 0) + count
+            self._reported[tp] = max(next_offset, self._reported.get(tp, -1))
+
+    def reported(self, tp: TP) -> int | None:
+        """The offset up to which ``tp``'s work was reported finished (None: nothing yet)."""
+        with self._lock:
+            return self._reported.get(tp)
 
     def drain(self, only: Iterable[TP] | None = None) -> tuple[dict[TP, int], dict[TP, int]]:
         with self._lock:
@@ -63,6 +70,7 @@ class OffsetTracker:
             for tp in tps:
                 self._next.pop(tp, None)
                 self._count.pop(tp, None)
+                self._reported.pop(tp, None)
 
 
 class Handoff:
