@@ -103,6 +103,24 @@ def _cmd_dlq_redrive(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_accounts_load(settings: Settings, args: argparse.Namespace) -> int:
+    from service import accounts
+
+    try:
+        rows = accounts.read(Path(args.file))
+    except accounts.AccountsFileInvalid as exc:
+        for problem in exc.problems:
+            print(f"accounts: {problem}", file=sys.stderr)
+        print(f"accounts: {exc}", file=sys.stderr)
+        return 1
+    except (OSError, UnicodeDecodeError) as exc:
+        print(f"accounts: cannot read {args.file}: {exc}", file=sys.stderr)
+        return 1
+    report = asyncio.run(accounts.load(settings.database_url.get_secret_value(), rows))
+    print(report.render())
+    return 0
+
+
 def _cmd_purge(settings: Settings, args: argparse.Namespace) -> int:
     import asyncpg
 
@@ -158,6 +176,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=5000)
     p.add_argument("--pause", type=float, default=0.05, help="seconds between batches")
     p.set_defaults(func=_cmd_purge)
+
+    group = sub.add_parser("accounts", help="account tools").add_subparsers(
+        dest="accounts_command", required=True)
+    p = group.add_parser("load", help="open the accounts of a CSV file (account_id,balance,"
+                                      "currency[,status]); never changes an existing balance")
+    p.add_argument("file", metavar="FILE.csv")
+    p.set_defaults(func=_cmd_accounts_load)
 
     dlq = sub.add_parser("dlq", help="dead-letter topic tools").add_subparsers(
         dest="dlq_command", required=True)
