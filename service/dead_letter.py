@@ -12,6 +12,7 @@ where ``payauth dlq redrive`` fetches it, checking the hash.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 
 from service.domain.errors import DeadLetterReason
 from service.domain.pan import redact
@@ -37,7 +38,7 @@ def dead_letter_headers(
         ("source.timestamp", str(timestamp_ms).encode()),
     ]
     # Keep the producer's own headers (e.g. a redrive marker) after ours.
-    own = ("error.", "source.", "original.")
+    own = ("error.", "source.", "original.", "conflict.")
     headers.extend((k, v) for k, v in (msg.headers() or []) if not k.startswith(own))
     return headers
 
@@ -45,17 +46,21 @@ def dead_letter_headers(
 def dead_letter_payload(
     msg: Message, key: bytes | None, value: bytes | None, reason: DeadLetterReason | str,
     detail: str, *, max_record_bytes: int,
+    extra_headers: Sequence[tuple[str, bytes]] = (),
 ) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]:
     """(key, value, headers) of the dead-letter record for ``msg``: the original bytes when
     the record fits in ``max_record_bytes``, else a preview with the original's size and
     hash (and the key's first bytes, should the key be what is too large)."""
     headers = dead_letter_headers(msg, reason, detail)
+    # After our six, before the producer's own (the truncation below keeps the first six).
+    headers[6:6] = [(k, redact(v.decode(errors="replace"))[:500].encode())
+                    for k, v in extra_headers]
     size = (len(value or b"") + len(key or b"") + RECORD_OVERHEAD_BYTES
             + sum(len(k) + len(v) for k, v in headers))
     if size <= max_record_bytes:
         return key, value, headers
     value = value or b""
-    ours, theirs = headers[:6], headers[6:]
+    ours, theirs = headers[:6 + len(extra_headers)], headers[6 + len(extra_headers):]
     ours[1:1] = [
         ("original.truncated", b"true"),
         ("original.size", str(len(value)).encode()),

@@ -53,6 +53,7 @@ from service.domain.events import encode_event, result_event
 from service.domain.messages import Authorization
 from service.plan import (
     BatchPlan,
+    Conflict,
     Invalid,
     Limits,
     MessageOutcome,
@@ -289,7 +290,8 @@ class BatchProcessor:
             msg = letter.msg
             key, value, headers = dead_letter_payload(
                 msg, msg.key(), msg.value(), letter.reason, letter.detail,
-                max_record_bytes=self._dead_letter_limit)
+                max_record_bytes=self._dead_letter_limit,
+                extra_headers=letter.headers() if isinstance(letter, Conflict) else ())
             records.append(Record(self._topics.dlq, key, value, headers))
         await self._publisher.publish(records)
         for _record, repeat in events:

@@ -27,7 +27,12 @@ from typing import Literal
 
 from service.domain.dedup import Kind, StoredResult, classify
 from service.domain.errors import DeadLetterReason, InvalidMessage
-from service.domain.messages import Authorization, decode_authorization, redelivery_key
+from service.domain.messages import (
+    Authorization,
+    decode_authorization,
+    event_id_for,
+    redelivery_key,
+)
 from service.domain.pan import redact
 from service.domain.vocabulary import DEFAULT_MAX_REFUND, Outcome, Result
 from service.ports import Message
@@ -65,16 +70,41 @@ class Duplicate:
 
 @dataclass(frozen=True, slots=True)
 class Conflict:
-    """The transaction_id of a decided transaction with another payload: dead-lettered."""
+    """The transaction_id of a decided transaction with another payload: dead-lettered, with
+    what was decided and how the payloads differ, so that the operator sees at once whether
+    the gateway re-used an id or the first message was wrong."""
 
     msg: Message
     transaction_id: str
     message_id: str
+    # (field, first value, this message's value) for each key field that differs
+    differences: tuple[tuple[str, str, str], ...] = ()
+    stored: StoredResult | None = None  # None: the first one is earlier in this same batch
 
     outcome = Outcome.CONFLICT
     reason = DeadLetterReason.IDEMPOTENCY_KEY_CONFLICT
-    detail = ("transaction_id already seen with a different amount, currency, account or "
-              "type; nothing was debited")
+
+    @property
+    def detail(self) -> str:
+        changed = "; ".join(f"{name}: {old} -> {new}" for name, old, new in self.differences)
+        return (f"transaction_id already seen with another payload ({changed}); nothing was "
+                "debited")
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        """The first decision and the differences, for the dead-letter record."""
+        out = [("conflict.differences", "; ".join(
+            f"{name}: {old} -> {new}" for name, old, new in self.differences).encode())]
+        if self.stored is not None:
+            s = self.stored
+            out += [("conflict.stored.result", s.result.value.encode()),
+                    ("conflict.stored.decline_reason", (s.decline_reason or "").encode()),
+                    ("conflict.stored.account_id", s.account_id.encode()),
+                    ("conflict.stored.amount", s.amount_text.encode()),
+                    ("conflict.stored.currency", s.currency.encode()),
+                    ("conflict.stored.authorization_type", s.authorization_type.encode()),
+                    ("conflict.stored.processed_at", s.processed_at.isoformat().encode()),
+                    ("conflict.stored.event_id", event_id_for(s.transaction_id).encode())]
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,8 +185,26 @@ def split_stored(valid: Sequence[tuple[Message, Authorization]],
                 republish=previous if previous is not None and not previous.published else None,
                 fingerprint=auth.fingerprint if previous is not None else None))
         else:
-            repeats.append(Conflict(msg, auth.transaction_id, auth.message_id))
+            first = c.previous if c.previous is not None else c.first_in_batch
+            assert first is not None  # a conflict is always with something seen before
+            repeats.append(Conflict(msg, auth.transaction_id, auth.message_id,
+                                    _differences(first, auth), c.previous))
     return new, repeats
+
+
+def _differences(first: StoredResult | Authorization,
+                 auth: Authorization) -> tuple[tuple[str, str, str], ...]:
+    """The key fields (the fingerprint's) that differ: validated values, never card data."""
+    if isinstance(first, StoredResult):
+        before = (first.account_id, first.amount_text, first.currency,
+                  first.authorization_type)
+    else:
+        before = (first.account_id, first.amount_text, first.currency,
+                  first.authorization_type.value)
+    after = (auth.account_id, auth.amount_text, auth.currency, auth.authorization_type.value)
+    names = ("account_id", "amount", "currency", "authorization_type")
+    return tuple((name, old, new) for name, old, new in zip(names, before, after, strict=True)
+                 if old != new)
 
 
 def decided(new: Sequence[tuple[Message, Authorization]],

@@ -331,3 +331,25 @@ async def test_an_isolated_batch_reports_each_half_as_it_finishes() -> None:
     await processor(store, cache, sender, offsets).process(
         msgs(auth_message("A"), auth_message("B"), auth_message("P"), auth_message("D")))
     assert [r[1] for r in offsets.reports] == [2, 3, 4]  # next offsets, in order
+
+
+async def test_a_conflict_dead_letter_carries_the_first_decision_and_the_differences() -> None:
+    store, cache, sender = Store(), Cache(), Sender()
+    p = processor(store, cache, sender)
+    await p.process(msgs(auth_message("T1", amount="10.00", account_id="ACC-1")))
+    await p.process(msgs(auth_message("T1", amount="99.00", account_id="ACC-1",
+                                      currency="USD")))
+    [letter] = [r for r in sender.records if r.topic == "dlq"]
+    headers = dict(letter.headers or [])
+    assert headers["error.reason"] == b"IDEMPOTENCY_KEY_CONFLICT"
+    assert headers["conflict.differences"] == b"amount: 10.00 -> 99.00; currency: EUR -> USD"
+    assert headers["conflict.stored.result"] == b"APPROVED"
+    assert headers["conflict.stored.amount"] == b"10.00"
+    assert headers["conflict.stored.event_id"]
+    assert b"amount: 10.00 -> 99.00" in headers["error.detail"]
+    # The same id twice in one batch: the differences, without a stored decision.
+    await p.process(msgs(auth_message("T2", amount="1.00"),
+                         auth_message("T2", amount="1.00", authorization_type="REFUND")))
+    last = dict(sender.records[-1].headers or [])
+    assert last["conflict.differences"] == b"authorization_type: PURCHASE -> REFUND"
+    assert "conflict.stored.result" not in last
