@@ -103,6 +103,14 @@ def _cmd_dlq_redrive(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_explain(settings: Settings, args: argparse.Namespace) -> int:
+    from service.explain import explain
+
+    result = asyncio.run(explain(settings.database_url.get_secret_value(), args.transaction_id))
+    print(result.render())
+    return 0 if result.known else 1
+
+
 def _cmd_accounts_load(settings: Settings, args: argparse.Namespace) -> int:
     from service import accounts
 
@@ -176,6 +184,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=5000)
     p.add_argument("--pause", type=float, default=0.05, help="seconds between batches")
     p.set_defaults(func=_cmd_purge)
+
+    p = sub.add_parser("explain", help="one transaction's decision, source, event and ledger "
+                                       "entry (exit 1 when unknown)")
+    p.add_argument("transaction_id", metavar="TXN_ID")
+    p.set_defaults(func=_cmd_explain)
 
     group = sub.add_parser("accounts", help="account tools").add_subparsers(
         dest="accounts_command", required=True)

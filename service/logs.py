@@ -96,11 +96,13 @@ class _LibrdkafkaHandler(logging.Handler):
                          facility=facility, text=redact(str(text))[:500])
 
 
-def librdkafka_logger(interval: float) -> logging.Logger:
-    """The logger to give librdkafka (its ``logger`` setting), shared by every client."""
-    logger = logging.getLogger("payauth.librdkafka")
+def librdkafka_logger(interval: float = 30.0, level: int = logging.INFO) -> logging.Logger:
+    """The logger to give librdkafka (its ``logger`` setting), shared by every client with
+    the same ``level`` (the dev tools' own clients pass ERROR: a retry they recover from is
+    not news for whoever watches a demo)."""
+    logger = logging.getLogger(f"payauth.librdkafka.{logging.getLevelName(level).lower()}")
     if not logger.handlers:
         logger.addHandler(_LibrdkafkaHandler(interval))
         logger.propagate = False
-        logger.setLevel(logging.INFO)
+        logger.setLevel(level)
     return logger

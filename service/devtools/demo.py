@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import os
 import random
 import signal
@@ -30,6 +31,7 @@ from service.adapters.kafka.admin import group_lag
 from service.adapters.kafka.config import client_config
 from service.config import Settings
 from service.devtools.processes import WorkerProcess
+from service.logs import librdkafka_logger
 from service.topics import ensure_topics
 from service.verify import report, verify
 
@@ -192,7 +194,8 @@ async def seed_accounts(dsn: str, run: str, n: int, rng: random.Random
 
 def produce(settings: Settings, records: list[tuple[str, bytes, int | None]]) -> None:
     producer = Producer({"bootstrap.servers": settings.kafka_bootstrap_servers,
-                         "enable.idempotence": True, "linger.ms": 5})
+                         "enable.idempotence": True, "linger.ms": 5,
+                         "logger": librdkafka_logger(level=logging.ERROR)})
     for key, raw, partition in records:
         kwargs: dict[str, Any] = {"key": key, "value": raw}
         if partition is not None:
@@ -230,7 +233,8 @@ def run_demo(settings: Settings, *, transactions: int, accounts: int, seed: int,
     ensure_topics(settings)
     book = asyncio.run(seed_accounts(dsn, run, accounts, rng))
     partitions = len(Consumer({"bootstrap.servers": settings.kafka_bootstrap_servers,
-                               "group.id": "demo-meta"}).list_topics(
+                               "group.id": "demo-meta",
+                               "logger": librdkafka_logger(level=logging.ERROR)}).list_topics(
         settings.input_topic, timeout=10).topics[settings.input_topic].partitions)
     stream = DemoStream(run, book, partitions, rng)
     stream.build(transactions)

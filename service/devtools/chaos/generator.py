@@ -18,6 +18,7 @@ for messages that must end in the dead-letter topic (``reason`` then says which)
 from __future__ import annotations
 
 import json
+import logging
 import random
 import threading
 import time
@@ -33,6 +34,7 @@ from confluent_kafka import Producer
 
 from service.devtools.demo import authorization_message
 from service.domain.messages import decode_authorization
+from service.logs import librdkafka_logger
 
 RICH_BALANCE = Decimal("1000000000.00")
 
@@ -81,7 +83,9 @@ class LoadGenerator:
                  late_after_seconds: float = 30.0) -> None:
         self._producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
                                    "acks": "all", "linger.ms": 5,
-                                   "message.timeout.ms": 300_000})
+                                   "message.timeout.ms": 300_000,
+                                   # the broker restarts on purpose: one line per interval
+                                   "logger": librdkafka_logger(level=logging.ERROR)})
         self._topic = topic
         self._partitions = partitions
         self._run = run

@@ -1,0 +1,87 @@
+"""``payauth explain TXN_ID``: one transaction on one screen, for a support agent in a dispute.
+
+The decision (result, reason, amount, account), where the deciding message came from
+(topic, partition, offset, message_id, correlation_id), when it was decided and when its
+event was confirmed published (with the event_id downstream systems dedup on), and the
+ledger entry. Read-only: the least-privilege worker role's SELECT grants are enough.
+A transaction whose dedup record was purged after the retention window is still explained
+from its ledger entry (approved ones only: a declined one leaves no ledger entry).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from service.domain.messages import event_id_for
+
+_DECISION = """
+SELECT p.txn_id, p.result, p.decline_reason, p.account_id, p.amount::text AS amount,
+       p.currency, p.authorization_type, p.correlation_id, p.message_id, p.source_topic,
+       p.source_partition, p.source_offset, p.processed_at, p.batch_id,
+       coalesce(p.published_at, b.published_at) AS published_at
+  FROM processed_transactions p
+  LEFT JOIN published_batches b ON b.batch_id = p.batch_id
+ WHERE p.txn_id = $1
+"""
+_LEDGER = """
+SELECT entry_id, account_id, amount::text AS amount, currency, type, created_at
+  FROM ledger_entries WHERE txn_id = $1
+"""
+
+
+@dataclass(frozen=True)
+class Explanation:
+    transaction_id: str
+    decision: dict[str, Any] | None
+    ledger: dict[str, Any] | None
+
+    @property
+    def known(self) -> bool:
+        return self.decision is not None or self.ledger is not None
+
+    def render(self) -> str:
+        if not self.known:
+            return (f"explain: no transaction {self.transaction_id} (never decided, or "
+                    "declined and purged after the retention window)")
+        lines = [f"transaction  {self.transaction_id}",
+                 f"event_id     {event_id_for(self.transaction_id)}"]
+        d = self.decision
+        if d is not None:
+            reason = f" ({d['decline_reason']})" if d["decline_reason"] else ""
+            lines += [
+                f"decision     {d['result']}{reason}",
+                f"request      {d['authorization_type']} {d['amount']} {d['currency']} "
+                f"on account {d['account_id']}",
+                f"decided at   {d['processed_at'].isoformat()}",
+                f"from         {d['source_topic']} partition {d['source_partition']} offset "
+                f"{d['source_offset']}, message_id {d['message_id']}, correlation_id "
+                f"{d['correlation_id']}",
+                "published    " + (d["published_at"].isoformat() if d["published_at"] else
+                                   "not confirmed yet (a redelivery republishes it, same "
+                                   "event_id)"),
+            ]
+        else:
+            lines.append("decision     APPROVED (dedup record purged after the retention "
+                         "window; the ledger entry remains)")
+        g = self.ledger
+        if g is not None:
+            lines.append(f"ledger       entry {g['entry_id']}: {g['amount']} {g['currency']} "
+                         f"({g['type']}) on {g['account_id']} at {g['created_at'].isoformat()}")
+        else:
+            lines.append("ledger       no entry (nothing was debited or credited)")
+        return "\n".join(lines)
+
+
+async def explain(dsn: str, transaction_id: str) -> Explanation:
+    conn = await asyncpg.connect(dsn)
+    try:
+        async with conn.transaction(isolation="repeatable_read", readonly=True):
+            decision = await conn.fetchrow(_DECISION, transaction_id)
+            ledger = await conn.fetchrow(_LEDGER, transaction_id)
+    finally:
+        await conn.close()
+    return Explanation(transaction_id, dict(decision) if decision else None,
+                       dict(ledger) if ledger else None)
