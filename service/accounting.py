@@ -23,7 +23,7 @@ log = structlog.get_logger("service.pipeline")
 
 def account(plan: BatchPlan) -> None:
     outcomes: Counter[str] = Counter()
-    layers: Counter[str] = Counter()
+    layers: Counter[tuple[str, str]] = Counter()
     duplicate_ids: list[str] = []
     decisions: list[dict[str, object]] = []
     debug = log.is_enabled_for(logging.DEBUG)
@@ -31,10 +31,10 @@ def account(plan: BatchPlan) -> None:
         outcomes[o.outcome.value] += 1
         msg = o.msg
         if isinstance(o, Duplicate):  # the common case of a replay: kept cheap
-            layers[o.layer] += 1
+            layers[(o.layer.value, o.cause.value)] += 1
             duplicate_ids.append(o.transaction_id)
             if debug:
-                log.debug("duplicate", layer=o.layer, partition=msg.partition(),
+                log.debug("duplicate", layer=o.layer, cause=o.cause, partition=msg.partition(),
                           offset=msg.offset(), transaction_id=o.transaction_id)
         elif isinstance(o, Decided):
             decisions.append({"partition": msg.partition(), "offset": msg.offset(),
@@ -53,11 +53,16 @@ def account(plan: BatchPlan) -> None:
         log.info("decided", count=len(decisions), decisions=decisions)
     for name, count in outcomes.items():
         metrics.messages_total.labels(name).inc(count)
-    for layer, count in layers.items():
-        metrics.duplicates_total.labels(layer).inc(count)
+    by_layer: Counter[str] = Counter()
+    by_cause: Counter[str] = Counter()
+    for (layer, cause), count in layers.items():
+        metrics.duplicates_total.labels(layer, cause).inc(count)
+        by_layer[layer] += count
+        by_cause[cause] += count
     if duplicate_ids:
         log.warning(
-            "duplicates", count=len(duplicate_ids), by_layer=dict(layers),
+            "duplicates", count=len(duplicate_ids), by_layer=dict(by_layer),
+            by_cause=dict(by_cause),
             partition=plan.outcomes[0].msg.partition(), transaction_ids=duplicate_ids[:100],
             more=max(0, len(duplicate_ids) - 100),
         )

@@ -46,6 +46,8 @@ def _cmd_topics(settings: Settings, args: argparse.Namespace) -> int:
 def _cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
 
+    import asyncpg
+
     from service import replay
 
     chosen = [args.to_datetime is not None, args.to_earliest, args.shift_by is not None]
@@ -79,6 +81,14 @@ def _cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
             committed = replay.execute(settings, plans)
             print("replay: committed offsets now " + ", ".join(
                 f"{p}={o}" for p, o in sorted(committed.items())))
+            try:
+                marks = asyncio.run(replay.write_marks(
+                    settings.database_url.get_secret_value(), settings, plans))
+                print(f"replay: {marks} replay mark(s) written: the workers will count the "
+                      "re-read duplicates as cause replay")
+            except (OSError, asyncpg.PostgresError) as exc:
+                print(f"payauth replay: replay marks not written ({type(exc).__name__}); the "
+                      "re-read duplicates will count as redeliveries", file=sys.stderr)
     except replay.ReplayRefused as exc:
         print(f"payauth replay: {exc}", file=sys.stderr)
         return 1

@@ -2,8 +2,9 @@
 
 The decision (result, reason, amount, account), where the deciding message came from
 (topic, partition, offset, message_id, correlation_id), when it was decided and when its
-event was confirmed published (with the event_id downstream systems dedup on), and the
-ledger entry. Read-only: the least-privilege worker role's SELECT grants are enough.
+event was confirmed published (with the event_id downstream systems dedup on), the ledger
+entry, and the duplicates seen by cause (``duplicate_sightings``: times a batch held it,
+first and last). Read-only: the least-privilege worker role's SELECT grants are enough.
 A transaction whose dedup record was purged after the retention window is still explained
 from its ledger entry (approved ones only: a declined one leaves no ledger entry).
 """
@@ -26,6 +27,12 @@ SELECT p.txn_id, p.result, p.decline_reason, p.account_id, p.amount::text AS amo
   LEFT JOIN published_batches b ON b.batch_id = p.batch_id
  WHERE p.txn_id = $1
 """
+_SIGHTINGS = """
+SELECT cause, sum(cardinality(array_positions(txn_ids, $1))) AS times,
+       min(seen_at) AS first, max(seen_at) AS last
+  FROM duplicate_sightings WHERE txn_ids @> ARRAY[$1]::text[]
+ GROUP BY cause ORDER BY min(seen_at)
+"""
 _LEDGER = """
 SELECT entry_id, account_id, amount::text AS amount, currency, type, created_at
   FROM ledger_entries WHERE txn_id = $1
@@ -37,6 +44,7 @@ class Explanation:
     transaction_id: str
     decision: dict[str, Any] | None
     ledger: dict[str, Any] | None
+    duplicates: list[dict[str, Any]]
 
     @property
     def known(self) -> bool:
@@ -72,6 +80,12 @@ class Explanation:
                          f"({g['type']}) on {g['account_id']} at {g['created_at'].isoformat()}")
         else:
             lines.append("ledger       no entry (nothing was debited or credited)")
+        if not self.duplicates:
+            lines.append("duplicates   none seen")
+        for i, dup in enumerate(self.duplicates):
+            lines.append(("duplicates   " if i == 0 else "             ")
+                         + f"{dup['cause']}: {dup['times']} time(s), first "
+                         f"{dup['first'].isoformat()}, last {dup['last'].isoformat()}")
         return "\n".join(lines)
 
 
@@ -81,7 +95,8 @@ async def explain(dsn: str, transaction_id: str) -> Explanation:
         async with conn.transaction(isolation="repeatable_read", readonly=True):
             decision = await conn.fetchrow(_DECISION, transaction_id)
             ledger = await conn.fetchrow(_LEDGER, transaction_id)
+            duplicates = await conn.fetch(_SIGHTINGS, transaction_id)
     finally:
         await conn.close()
     return Explanation(transaction_id, dict(decision) if decision else None,
-                       dict(ledger) if ledger else None)
+                       dict(ledger) if ledger else None, [dict(d) for d in duplicates])

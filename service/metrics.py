@@ -8,11 +8,11 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from service.domain.errors import DeadLetterReason
+from service.domain.vocabulary import DuplicateCause, DuplicateLayer
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
 OUTCOMES = ("approved", "declined", "duplicate", "conflict", "invalid")
-LAYERS = ("redis", "postgres")
 
 messages_total = Counter(
     "payauth_messages_total",
@@ -22,8 +22,8 @@ messages_total = Counter(
 )
 duplicates_total = Counter(
     "payauth_duplicates_total",
-    "Duplicates caught, by the layer that caught them.",
-    ["layer"],
+    "Duplicates caught, by the layer that caught them and why they came.",
+    ["layer", "cause"],
     registry=REGISTRY,
 )
 processing_seconds = Histogram(
@@ -103,8 +103,9 @@ assigned_partitions = Gauge(
 
 for _outcome in OUTCOMES:
     messages_total.labels(_outcome)
-for _layer in LAYERS:
-    duplicates_total.labels(_layer)
+for _layer in DuplicateLayer:
+    for _cause in DuplicateCause:
+        duplicates_total.labels(_layer.value, _cause.value)
 for _stage in STAGES:
     stage_seconds.labels(_stage)
 for _store in ("redis", "postgres"):

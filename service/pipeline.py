@@ -74,6 +74,7 @@ from service.ports import (
     OffsetSink,
     Publisher,
     Record,
+    Sighting,
     Store,
 )
 
@@ -121,6 +122,16 @@ class BatchProcessor:
         self._condemned: dict[tuple[str | None, int | None, int | None], str] = {}
         self.confirmations = Confirmations(store, cache)
         self.store_ok = True
+        # partition → the offset an operator's replay rewound from (``refresh_replay_marks``)
+        self.replay_marks: dict[int, int] = {}
+
+    async def refresh_replay_marks(self, group_id: str, topic: str) -> None:
+        """Read the replay marks (a duplicate below one is cause ``replay``); kept as they
+        were when the store does not answer: they only label metrics."""
+        try:
+            self.replay_marks = await self._store.replay_marks(group_id, topic)
+        except (TransientError, DataRejected) as exc:
+            log.warning("replay_marks_unreadable", error=str(exc)[:300])
 
     async def process(self, msgs: Sequence[Message]) -> None:
         """Process a batch until it is done. No message can stop its partition:
@@ -214,7 +225,7 @@ class BatchProcessor:
         metrics.dedup_lookup_seconds.labels("redis").observe(time.perf_counter() - started)
         metrics.redis_up.set(1 if self._cache.up else 0)
         stage.lap("redis")
-        fast_duplicates, rest = split_fast_path(msgs, keys, known)
+        fast_duplicates, rest = split_fast_path(msgs, keys, known, self.replay_marks)
         valid, invalid = decode_all(rest, self._limits)
         stage.lap("validate")
 
@@ -233,7 +244,7 @@ class BatchProcessor:
         self._report_offsets(msgs)
 
         # 6. (off the critical path) confirm publication, then the fast path
-        self.confirmations.add(plan.events, plan.fast_path_entries())
+        self.confirmations.add(plan.events, plan.fast_path_entries(), plan.sightings())
         return plan
 
     async def _decide(self, valid: list[tuple[Message, Authorization]],
@@ -242,7 +253,7 @@ class BatchProcessor:
         stored = await self._store.load_stored(list({a.transaction_id for _, a in valid}))
         metrics.dedup_lookup_seconds.labels("postgres").observe(time.perf_counter() - started)
         stage.lap("postgres_lookup")
-        new, repeats = split_stored(valid, stored)
+        new, repeats = split_stored(valid, stored, self.replay_marks)
         refused: list[Invalid] = []
         records = await self._authorize(new, refused)
         stage.lap("postgres_commit")
@@ -318,30 +329,40 @@ class Confirmations:
         self._receipts: set[UUID] = set()
         self._republished: list[str] = []
         self._fingerprints: dict[str, str] = {}
+        self._sightings: list[Sighting] = []
         self._wakeup = asyncio.Event()
 
     def add(self, published: Iterable[tuple[StoredResult, bool]],
-            fingerprints: dict[str, str]) -> None:
-        """``published``: each event acknowledged, with whether it was a republication."""
+            fingerprints: dict[str, str], sightings: Sequence[Sighting] = ()) -> None:
+        """``published``: each event acknowledged, with whether it was a republication;
+        ``fingerprints``: the fast-path values; ``sightings``: the batch's duplicates."""
         for record, repeat in published:
             if record.batch_id is not None and not repeat:
                 self._receipts.add(record.batch_id)
             else:
                 self._republished.append(record.transaction_id)
         self._fingerprints.update(fingerprints)
-        if self._receipts or self._republished or self._fingerprints:
+        self._sightings.extend(sightings)
+        if self._receipts or self._republished or self._fingerprints or self._sightings:
             self._wakeup.set()
 
     async def flush(self) -> None:
         receipts, self._receipts = self._receipts, set()
         republished, self._republished = self._republished, []
         fingerprints, self._fingerprints = self._fingerprints, {}
+        sightings, self._sightings = self._sightings, []
         if receipts or republished:
             try:
                 await self._store.mark_published(sorted(receipts), republished)
             except (TransientError, DataRejected) as exc:
                 # Harmless: a later duplicate republishes the same event_id once more.
                 log.warning("mark_published_failed", error=str(exc)[:300])
+        if sightings:
+            try:
+                await self._store.record_sightings(sightings)
+            except (TransientError, DataRejected) as exc:
+                # Only `payauth explain`'s per-transaction counts miss them; metrics have them.
+                log.warning("record_sightings_failed", error=str(exc)[:300])
         if fingerprints:
             await self._cache.set_many(fingerprints)
             metrics.redis_up.set(1 if self._cache.up else 0)

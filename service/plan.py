@@ -19,25 +19,40 @@ Every outcome is a value of its own type (``Decided``, ``Duplicate``, ``Conflict
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from functools import cached_property
-from typing import Literal
 
-from service.domain.dedup import Kind, StoredResult, classify
+from service.domain.dedup import (
+    Kind,
+    StoredResult,
+    classify,
+    duplicate_cause,
+    fast_path_value,
+    message_token,
+    read_fast_path_value,
+)
 from service.domain.errors import DeadLetterReason, InvalidMessage
 from service.domain.messages import (
     Authorization,
+    RedeliveryKey,
     decode_authorization,
     event_id_for,
     redelivery_key,
 )
 from service.domain.pan import redact
-from service.domain.vocabulary import DEFAULT_MAX_REFUND, Outcome, Result
+from service.domain.vocabulary import (
+    DEFAULT_MAX_REFUND,
+    DuplicateCause,
+    DuplicateLayer,
+    Outcome,
+    Result,
+)
 from service.ports import Message
 
-RedeliveryKey = tuple[str, str] | None  # (transaction_id, fingerprint as sent)
+# partition → the committed offset an operator's replay rewound from (``replay_marks``)
+ReplayMarks = Mapping[int, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,11 +74,12 @@ class Duplicate:
     never confirmed published (the batch publishes it again, same event_id)."""
 
     msg: Message
-    layer: Literal["redis", "postgres"]
+    layer: DuplicateLayer
     transaction_id: str
+    cause: DuplicateCause
     message_id: str | None = None  # known once validated (the fast path skips validation)
     republish: StoredResult | None = None
-    fingerprint: str | None = None  # to (re)write to the fast path once published
+    fast_path: str | None = None  # the value to (re)write to the fast path once published
 
     outcome = Outcome.DUPLICATE
 
@@ -130,23 +146,43 @@ class Limits:
     max_refund: Decimal = DEFAULT_MAX_REFUND
 
 
-def read_keys(msgs: Sequence[Message], limits: Limits) -> list[RedeliveryKey]:
+def read_keys(msgs: Sequence[Message], limits: Limits) -> list[RedeliveryKey | None]:
     """Each message's key fields, read cheaply (None: the full path decides)."""
     return [redelivery_key(msg.value(), max_bytes=limits.max_message_bytes) for msg in msgs]
 
 
-def split_fast_path(msgs: Sequence[Message], keys: Sequence[RedeliveryKey],
-                    known: dict[str, str]) -> tuple[list[Duplicate], list[Message]]:
+def split_fast_path(msgs: Sequence[Message], keys: Sequence[RedeliveryKey | None],
+                    known: dict[str, str], replays: ReplayMarks
+                    ) -> tuple[list[Duplicate], list[Message]]:
     """A message whose key fields are exactly those of a transaction the fast path knows is
     a duplicate already decided and published; every other one goes on."""
     duplicates: list[Duplicate] = []
     rest: list[Message] = []
     for msg, key in zip(msgs, keys, strict=True):
-        if key is not None and known.get(key[0]) == key[1]:
-            duplicates.append(Duplicate(msg, "redis", key[0]))
-        else:
+        value = known.get(key.transaction_id) if key is not None else None
+        if key is None or value is None:
             rest.append(msg)
+            continue
+        fingerprint, first_partition, first_token = read_fast_path_value(value)
+        if fingerprint != key.fingerprint:
+            rest.append(msg)  # another payload: the store tells a conflict
+            continue
+        cause = _cause(msg, replays, first_partition, message_token(key.message_id),
+                       first_token)
+        duplicates.append(Duplicate(msg, DuplicateLayer.REDIS, key.transaction_id, cause))
     return duplicates, rest
+
+
+def _cause(msg: Message, replays: ReplayMarks, first_partition: int | None, token: str,
+           first_token: str) -> DuplicateCause:
+    partition, offset = msg.partition(), msg.offset()
+    replayed_before = replays.get(partition) if partition is not None else None
+    return duplicate_cause(
+        redriven=any(k == "redrive.source" for k, _ in msg.headers() or ()),
+        replayed=replayed_before is not None and offset is not None
+        and offset < replayed_before,
+        partition=partition, first_partition=first_partition, token=token,
+        first_token=first_token)
 
 
 def decode_all(msgs: Sequence[Message], limits: Limits
@@ -168,22 +204,33 @@ def decode_all(msgs: Sequence[Message], limits: Limits
 
 
 def split_stored(valid: Sequence[tuple[Message, Authorization]],
-                 stored: dict[str, StoredResult]
+                 stored: dict[str, StoredResult], replays: ReplayMarks
                  ) -> tuple[list[tuple[Message, Authorization]], list[Duplicate | Conflict]]:
     """New requests (to authorize), and the duplicates and conflicts of the dedup records
     or of an earlier message of the same batch."""
     new: list[tuple[Message, Authorization]] = []
     repeats: list[Duplicate | Conflict] = []
+    first_in_batch: dict[str, Message] = {}
     classified = classify([auth for _, auth in valid], stored)
     for (msg, auth), c in zip(valid, classified, strict=True):
         if c.kind is Kind.NEW:
             new.append((msg, auth))
+            first_in_batch[auth.transaction_id] = msg
         elif c.kind is Kind.DUPLICATE:
             previous = c.previous
+            if previous is not None:
+                first_partition, first_message_id = previous.source_partition, \
+                    previous.message_id
+            else:  # the first one is earlier in this batch
+                first_partition = first_in_batch[auth.transaction_id].partition()
+                first_message_id = c.first_in_batch.message_id if c.first_in_batch else None
+            cause = _cause(msg, replays, first_partition, message_token(auth.message_id),
+                           message_token(first_message_id))
             repeats.append(Duplicate(
-                msg, "postgres", auth.transaction_id, auth.message_id,
+                msg, DuplicateLayer.POSTGRES, auth.transaction_id, cause, auth.message_id,
                 republish=previous if previous is not None and not previous.published else None,
-                fingerprint=auth.fingerprint if previous is not None else None))
+                fast_path=fast_path_value(auth.fingerprint, first_partition, first_message_id)
+                if previous is not None else None))
         else:
             first = c.previous if c.previous is not None else c.first_in_batch
             assert first is not None  # a conflict is always with something seen before
@@ -248,14 +295,27 @@ class BatchPlan:
         return [o for o in self.outcomes if isinstance(o, Conflict | Invalid)]
 
     def fast_path_entries(self) -> dict[str, str]:
-        """transaction_id → fingerprint, to remember once the events are acknowledged."""
+        """transaction_id → fast-path value (fingerprint and provenance), to remember once
+        the events are acknowledged."""
         out: dict[str, str] = {}
         for o in self.outcomes:
             if isinstance(o, Decided):
-                out[o.record.transaction_id] = o.record.fingerprint
-            elif isinstance(o, Duplicate) and o.fingerprint is not None:
-                out[o.transaction_id] = o.fingerprint
+                out[o.record.transaction_id] = fast_path_value(
+                    o.record.fingerprint, o.msg.partition(), o.message_id)
+            elif isinstance(o, Duplicate) and o.fast_path is not None:
+                out[o.transaction_id] = o.fast_path
         return out
+
+    def sightings(self) -> list[tuple[DuplicateCause, DuplicateLayer, int, list[str]]]:
+        """The batch's duplicates as (cause, layer, partition, transaction ids): one row each
+        in ``duplicate_sightings``, not one per duplicate."""
+        groups: dict[tuple[DuplicateCause, DuplicateLayer, int], list[str]] = {}
+        for o in self.outcomes:
+            if isinstance(o, Duplicate):
+                key = (o.cause, o.layer, o.msg.partition() or 0)
+                groups.setdefault(key, []).append(o.transaction_id)
+        return [(cause, layer, partition, ids)
+                for (cause, layer, partition), ids in groups.items()]
 
 
 def failure_detail(exc: BaseException) -> str:

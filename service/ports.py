@@ -19,8 +19,11 @@ from uuid import UUID
 from service.domain.dedup import StoredResult
 from service.domain.errors import TransientError
 from service.domain.messages import Authorization
+from service.domain.vocabulary import DuplicateCause, DuplicateLayer
 
 TP = tuple[str, int]  # (topic, partition)
+# A batch's duplicates of one cause, layer and partition: (cause, layer, partition, txn ids)
+Sighting = tuple[DuplicateCause, DuplicateLayer, int, list[str]]
 
 
 class Message(Protocol):
@@ -69,6 +72,8 @@ class Store(Protocol):
     ) -> list[StoredResult]: ...
     async def mark_published(self, batch_ids: Sequence[UUID],
                              txn_ids: Sequence[str]) -> None: ...
+    async def record_sightings(self, sightings: Sequence[Sighting]) -> None: ...
+    async def replay_marks(self, group_id: str, topic: str) -> dict[int, int]: ...
 
 
 class Cache(Protocol):

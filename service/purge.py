@@ -31,6 +31,8 @@ _DELETE_RECORDS = _delete_expired("processed_transactions", "txn_id", "processed
 # Publication receipts of the same age: every record that relied on one is older still
 # (processed before its batch was published), so it has been purged just before.
 _DELETE_RECEIPTS = _delete_expired("published_batches", "batch_id", "published_at")
+# Duplicate sightings (rows per batch, no key of their own: the row's ctid), same window.
+_DELETE_SIGHTINGS = _delete_expired("duplicate_sightings", "ctid", "seen_at")
 
 # Only one replica purges at a time; the others skip the round.
 _PURGE_LOCK = 0x7061_7970_7572_6765  # "paypurge"
@@ -70,6 +72,7 @@ async def purge(
     try:
         total = await delete_expired(_DELETE_RECORDS, "processed_transactions", pause_seconds)
         receipts = await delete_expired(_DELETE_RECEIPTS, "published_batches", 0.0)
+        await delete_expired(_DELETE_SIGHTINGS, "duplicate_sightings", 0.0)
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1)", _PURGE_LOCK)
     log.info("purge_done", deleted=total, receipts_deleted=receipts, batches=batches,

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+import asyncpg
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
@@ -189,3 +190,23 @@ def execute(settings: Settings, plans: list[PartitionPlan]) -> dict[int, int]:
         return committed_offsets(consumer, tps)
     finally:
         consumer.close()
+
+
+async def write_marks(dsn: str, settings: Settings, plans: list[PartitionPlan]) -> int:
+    """Note, per partition rewound, the committed offset the replay started from: the
+    workers count a duplicate below it as cause ``replay``. Returns the marks written."""
+    rows = [(settings.group_id, settings.input_topic, p.partition, p.current)
+            for p in plans if p.current is not None and p.current > p.target]
+    if not rows:
+        return 0
+    conn = await asyncpg.connect(dsn, timeout=10)
+    try:
+        await conn.executemany(
+            """INSERT INTO replay_marks (group_id, topic, partition, before_offset, executed_at)
+               VALUES ($1, $2, $3, $4, now())
+               ON CONFLICT (group_id, topic, partition)
+               DO UPDATE SET before_offset = EXCLUDED.before_offset, executed_at = now()""",
+            rows)
+    finally:
+        await conn.close()
+    return len(rows)

@@ -121,12 +121,14 @@ async def run_worker(settings: Settings, wiring: Wiring | None = None) -> int:
         max_in_flight=settings.max_concurrent_batches,
     )
     consumer = ConsumerThread(settings, Handoff(loop, dispatcher), tracker, health)
+    await processor.refresh_replay_marks(settings.group_id, settings.input_topic)
     consumer.start()
     background = [
         asyncio.create_task(processor.confirmations.run()),
         asyncio.create_task(_heartbeat(health, processor, store, cache, dispatcher,
                                        settings.stalled_partition_seconds)),
         asyncio.create_task(_count_dedup_records(store)),
+        asyncio.create_task(_refresh_replay_marks(processor, settings)),
     ]
     if settings.purge_interval_seconds:
         background.append(asyncio.create_task(_purge_periodically(settings)))
@@ -234,6 +236,15 @@ async def _purge_periodically(settings: Settings) -> None:
                 await conn.close()
         except Exception as exc:  # retention is housekeeping: never stop the worker for it
             log.warning("purge_failed", error=str(exc)[:300])
+
+
+async def _refresh_replay_marks(processor: BatchProcessor, settings: Settings,
+                                every_seconds: float = 30) -> None:
+    """A replay happens while no worker runs: reading the marks at start and then now and
+    then is enough to label the replay's duplicates."""
+    while True:
+        await processor.refresh_replay_marks(settings.group_id, settings.input_topic)
+        await asyncio.sleep(every_seconds)
 
 
 async def _count_dedup_records(store: PostgresStore, every_seconds: float = 60) -> None:

@@ -39,7 +39,7 @@ from service.domain.errors import StoreUnavailable, TransientError
 from service.domain.messages import Authorization, fingerprint_of
 from service.domain.money import format_amount
 from service.domain.vocabulary import DeclineReason, Result
-from service.ports import ClaimLost, DataRejected
+from service.ports import ClaimLost, DataRejected, Sighting
 
 # Errors that may pass on retry, by class (never by message text).
 _RETRYABLE = (
@@ -68,7 +68,7 @@ _UNAVAILABLE = (
 _LOAD_STORED = """
 SELECT p.txn_id, p.fingerprint, p.result, p.decline_reason, p.account_id,
        p.amount::text AS amount_text, p.currency, p.authorization_type, p.correlation_id,
-       p.processed_at,
+       p.processed_at, p.source_partition, p.message_id,
        p.published_at IS NOT NULL
            OR EXISTS (SELECT 1 FROM published_batches b WHERE b.batch_id = p.batch_id)
            AS published,
@@ -77,7 +77,7 @@ SELECT p.txn_id, p.fingerprint, p.result, p.decline_reason, p.account_id,
  WHERE p.txn_id = ANY($1::text[])
 UNION ALL
 SELECT l.txn_id, NULL, 'APPROVED', NULL, l.account_id, abs(l.amount)::text, l.currency,
-       l.type, NULL, l.created_at, true, true
+       l.type, NULL, l.created_at, NULL, NULL, true, true
   FROM ledger_entries l
  WHERE l.txn_id = ANY($1::text[])
    AND NOT EXISTS (SELECT 1 FROM processed_transactions p WHERE p.txn_id = l.txn_id)
@@ -109,6 +109,15 @@ WITH receipts AS (
 )
 SELECT (SELECT count(*) FROM receipts) AS receipts,
        (SELECT count(*) FROM republished) AS republished
+"""
+
+
+_RECORD_SIGHTINGS = """
+INSERT INTO duplicate_sightings (seen_at, cause, layer, partition, txn_ids)
+VALUES ($1, $2, $3, $4, $5::text[])
+"""
+_REPLAY_MARKS = """
+SELECT partition, before_offset FROM replay_marks WHERE group_id = $1 AND topic = $2
 """
 
 
@@ -262,9 +271,32 @@ class PostgresStore:
                 processed_at=processed_at,
                 published=False,
                 batch_id=batch_id,
+                source_partition=partition,
+                message_id=a.message_id,
             )
-            for a, (result, reason) in zip(new, decisions, strict=True)
+            for a, (result, reason), partition in zip(new, decisions, source_partitions,
+                                                      strict=True)
         ]
+
+    async def record_sightings(self, sightings: Sequence[Sighting]) -> None:
+        """One row per batch's (cause, layer, partition): never a row per duplicate."""
+        if not sightings:
+            return
+        try:
+            async with self._pool.acquire() as conn:
+                await conn.executemany(_RECORD_SIGHTINGS, [
+                    (datetime.now(UTC), cause.value, layer.value, partition, ids)
+                    for cause, layer, partition, ids in sightings])
+        except Exception as exc:
+            _raise_translated(exc)
+
+    async def replay_marks(self, group_id: str, topic: str) -> dict[int, int]:
+        try:
+            async with self._pool.acquire() as conn:
+                rows = await conn.fetch(_REPLAY_MARKS, group_id, topic)
+        except Exception as exc:
+            _raise_translated(exc)
+        return {row["partition"]: row["before_offset"] for row in rows}
 
     async def _call_authorize(self, args: tuple[Any, ...]) -> list[asyncpg.Record]:
         """The one round trip; the call commits on its own. (A seam for the test-only store
@@ -318,6 +350,8 @@ def _stored_from_row(row: Any) -> StoredResult:
         correlation_id=row["correlation_id"],
         processed_at=row["processed_at"],
         published=row["published"],
+        source_partition=row["source_partition"],
+        message_id=row["message_id"],
     )
 
 

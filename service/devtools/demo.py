@@ -31,6 +31,7 @@ from service.adapters.kafka.admin import group_lag
 from service.adapters.kafka.config import client_config
 from service.config import Settings
 from service.devtools.processes import WorkerProcess
+from service.domain.vocabulary import DuplicateCause
 from service.logs import librdkafka_logger
 from service.topics import ensure_topics
 from service.verify import report, verify
@@ -282,6 +283,10 @@ def print_summary(expected: Counter[str], observed: Counter[str], verdict: str, 
     for layer in ("redis", "postgres"):
         caught = observed['payauth_duplicates_total{layer="' + layer + '"}']
         print(f"{'  caught by ' + layer:<28}{'':>10}{caught:>10}")
+    for cause in DuplicateCause:
+        count = observed.get(f'payauth_duplicates_total{{cause="{cause.value}"}}', 0)
+        if count:
+            print(f"{'  cause ' + cause.value:<28}{'':>10}{count:>10}")
     print(f"{'dead-lettered':<28}{expected['invalid'] + expected['conflict']:>10}{dead:>10}")
     for key in sorted(k for k, v in observed.items()
                       if k.startswith("payauth_dead_letters_total") and v):

@@ -28,7 +28,7 @@ from service.adapters.postgres import AUTHORIZE_STATEMENT, PostgresStore
 from service.domain.dedup import StoredResult
 from service.domain.errors import TransientError
 from service.domain.messages import Authorization
-from service.ports import Cache, Publisher, Record, Store
+from service.ports import Cache, Publisher, Record, Sighting, Store
 
 POINTS = ("before_db_commit", "after_db_commit", "after_publish", "after_redis_set",
           "rollback_once")
@@ -91,6 +91,12 @@ class FaultyStore:
 
     async def mark_published(self, batch_ids: Sequence[Any], txn_ids: Sequence[str]) -> None:
         await self._inner.mark_published(batch_ids, txn_ids)
+
+    async def record_sightings(self, sightings: Sequence[Sighting]) -> None:
+        await self._inner.record_sightings(sightings)
+
+    async def replay_marks(self, group_id: str, topic: str) -> dict[int, int]:
+        return await self._inner.replay_marks(group_id, topic)
 
 
 class FaultyPublisher:

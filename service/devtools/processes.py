@@ -16,16 +16,27 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)"')
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    """'name{labels}' → value, for every sample line of a Prometheus text exposition."""
+    """'name{labels}' → value, for every sample line of a Prometheus text exposition; and,
+    for a sample with several labels, 'name{label="v"}' → the sum over the other labels
+    (as PromQL's ``sum by``): ``payauth_duplicates_total{layer="redis"}`` keeps reading the
+    same total now that the series also has ``cause``."""
     out: dict[str, float] = {}
+    sums: dict[str, float] = {}
     for line in text.splitlines():
         match = _SAMPLE.match(line)
         if match and not line.startswith("#"):
-            out[match.group(1) + (match.group(2) or "")] = float(match.group(3))
-    return out
+            name, labels, value = match.group(1), match.group(2) or "", float(match.group(3))
+            out[name + labels] = value
+            pairs = _LABEL.findall(labels)
+            if len(pairs) > 1:
+                for label, label_value in pairs:
+                    key = f'{name}{{{label}="{label_value}"}}'
+                    sums[key] = sums.get(key, 0.0) + value
+    return {**sums, **out}
 
 
 class WorkerProcess:

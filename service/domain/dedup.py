@@ -7,6 +7,7 @@ Whether a new one is approved or declined is decided in one place only, the SQL 
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -14,7 +15,7 @@ from enum import StrEnum
 from uuid import UUID
 
 from service.domain.messages import Authorization
-from service.domain.vocabulary import DeclineReason, Result
+from service.domain.vocabulary import DeclineReason, DuplicateCause, Result
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +35,10 @@ class StoredResult:
     published: bool
     # The batch that decided it, when decided just now: its publication receipt's key.
     batch_id: UUID | None = None
+    # Where the deciding message came from (None for records of earlier versions): what
+    # tells a duplicate's cause.
+    source_partition: int | None = None
+    message_id: str | None = None
 
 
 class Kind(StrEnum):
@@ -77,3 +82,41 @@ def classify(
             first_seen[key] = auth
             out.append(Classified(auth, Kind.NEW))
     return out
+
+
+# The fast path's value for a decided transaction: its fingerprint, then where it was
+# decided from (partition and a short hash of the message_id), so that a duplicate caught
+# there also tells its cause. A bare fingerprint (entries of earlier versions) still
+# matches; its cause then reads as a redelivery.
+def message_token(message_id: str | None) -> str:
+    """8 hex digits of the message_id's SHA-256: enough to tell two messages of one
+    transaction apart, and nothing of the id itself."""
+    return hashlib.sha256(message_id.encode()).hexdigest()[:8] if message_id else ""
+
+
+def fast_path_value(fingerprint: str, partition: int | None, message_id: str | None) -> str:
+    return f"{fingerprint}:{'' if partition is None else partition}:{message_token(message_id)}"
+
+
+def read_fast_path_value(value: str) -> tuple[str, int | None, str]:
+    """(fingerprint, partition or None, message token or "")."""
+    fingerprint, _, rest = value.partition(":")
+    partition, _, token = rest.partition(":")
+    return fingerprint, int(partition) if partition.isdigit() else None, token
+
+
+def duplicate_cause(*, redriven: bool, replayed: bool, partition: int | None,
+                    first_partition: int | None, token: str, first_token: str
+                    ) -> DuplicateCause:
+    """Why this duplicate came, from what the batch already has: a replay mark above the
+    offset (whatever the message, an operator's rewind is why it is read again now), a
+    redrive header, the first decision's partition and message."""
+    if replayed:
+        return DuplicateCause.REPLAY
+    if redriven:
+        return DuplicateCause.REDRIVE
+    if first_partition is not None and partition is not None and first_partition != partition:
+        return DuplicateCause.CROSS_PARTITION
+    if token and first_token and token != first_token:
+        return DuplicateCause.PRODUCER_RETRY
+    return DuplicateCause.REDELIVERY

@@ -19,7 +19,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import Annotated, Any
+from typing import Annotated, Any, NamedTuple
 
 import orjson
 from pydantic import (
@@ -206,11 +206,17 @@ def _describe(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def redelivery_key(raw: bytes | None, *, max_bytes: int = 65_536) -> tuple[str, str] | None:
-    """(transaction_id, fingerprint of the key fields as sent), read cheaply, for a message
-    that the strict parser (``_parse``) would accept and read the same way; None whenever in
-    doubt (the message then takes the full path). Never raises: whatever the bytes, the
-    worst answer is None.
+class RedeliveryKey(NamedTuple):
+    transaction_id: str
+    fingerprint: str  # of the key fields as sent
+    message_id: str | None  # unvalidated: compared (hashed), never shown
+
+
+def redelivery_key(raw: bytes | None, *, max_bytes: int = 65_536) -> RedeliveryKey | None:
+    """(transaction_id, fingerprint of the key fields as sent, message_id), read cheaply, for
+    a message that the strict parser (``_parse``) would accept and read the same way; None
+    whenever in doubt (the message then takes the full path). Never raises: whatever the
+    bytes, the worst answer is None.
 
     This is what lets a replay skip the strict parser and the schema check: a fingerprint
     read here can only equal one stored for a decided transaction when the key fields are
@@ -245,7 +251,10 @@ def redelivery_key(raw: bytes | None, *, max_bytes: int = 65_536) -> tuple[str, 
             return None  # a key was repeated
     except (ValueError, TypeError, RecursionError):  # JSONDecodeError, UnicodeDecodeError
         return None
-    return txn_id, fingerprint_of(account, amount, currency, auth_type)
+    headers = document.get("headers")
+    message_id = headers.get("message_id") if type(headers) is dict else None
+    return RedeliveryKey(txn_id, fingerprint_of(account, amount, currency, auth_type),
+                         message_id if type(message_id) is str else None)
 
 
 def _parse(raw: bytes | None, *, max_bytes: int = 65_536) -> dict[str, Any]:

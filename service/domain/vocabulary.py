@@ -48,6 +48,23 @@ class Outcome(StrEnum):
     INVALID = "invalid"
 
 
+class DuplicateLayer(StrEnum):
+    """Which layer recognised a duplicate (``payauth_duplicates_total{layer}``)."""
+
+    REDIS = "redis"
+    POSTGRES = "postgres"
+
+
+class DuplicateCause(StrEnum):
+    """Why a duplicate came (``payauth_duplicates_total{cause}``), and whom to call."""
+
+    REDELIVERY = "redelivery"  # the same message again (a rebalance, a crash before commit)
+    PRODUCER_RETRY = "producer_retry"  # same transaction, new message_id: the gateway retried
+    CROSS_PARTITION = "cross_partition"  # first decided from another partition: keying upstream
+    REPLAY = "replay"  # re-read after an operator's `payauth replay --execute`
+    REDRIVE = "redrive"  # re-sent by `payauth dlq redrive`
+
+
 # Amounts are stored as numeric with at most 15 integer digits in the ledger (and at most
 # 4 decimals). Bounding here (for credits as much as debits) keeps Decimal("1e400"), which
 # *is* finite, out of the database instead of turning it into a numeric overflow that would

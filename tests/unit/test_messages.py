@@ -238,7 +238,8 @@ def test_redelivery_key_reads_the_key_fields_as_sent() -> None:
     from service.domain.messages import redelivery_key
 
     raw = encode(auth_message("T", amount="10.50"))
-    assert redelivery_key(raw) == ("T", decode_authorization(raw).fingerprint)
+    strict = decode_authorization(raw)
+    assert redelivery_key(raw) == ("T", strict.fingerprint, strict.message_id)
     # Not the canonical text: no fingerprint of a decided request can equal this one, so a
     # redelivery written differently is always validated and looked up in PostgreSQL.
     assert redelivery_key(encode(auth_message("T", amount="10.5"))) != redelivery_key(raw)
@@ -277,7 +278,7 @@ def test_redelivery_key_never_accepts_what_the_strict_path_reads_otherwise(raw: 
         # schema problem outside the key fields may (see test_pipeline: still a duplicate).
         assert key is None or exc.reason is R.SCHEMA_VIOLATION, exc.reason
         return
-    assert key is None or key == (strict.transaction_id, strict.fingerprint)
+    assert key is None or key == (strict.transaction_id, strict.fingerprint, strict.message_id)
 
 
 def test_redelivery_key_refuses_repeated_keys_escapes_and_card_data() -> None:

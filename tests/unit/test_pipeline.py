@@ -17,7 +17,7 @@ from service import metrics
 from service.domain.dedup import StoredResult
 from service.domain.errors import PublishFailed, StoreUnavailable
 from service.domain.messages import Authorization
-from service.domain.vocabulary import Result
+from service.domain.vocabulary import DuplicateCause, Result
 from service.pipeline import BatchProcessor, Topics
 from service.plan import Limits
 from service.ports import TP, ClaimLost, DataRejected, Record
@@ -63,6 +63,7 @@ class Store:
     commits: int = 0
     published: list[str] = field(default_factory=list)
     receipts: list[UUID] = field(default_factory=list)
+    sightings: list[Any] = field(default_factory=list)
 
     async def ping(self) -> bool:
         self.pings += 1
@@ -91,6 +92,12 @@ class Store:
             self.records[a.transaction_id] = rec
             out.append(rec)
         return out
+
+    async def record_sightings(self, sightings: Sequence[Any]) -> None:
+        self.sightings += list(sightings)
+
+    async def replay_marks(self, group_id: str, topic: str) -> dict[int, int]:
+        return {}
 
     async def mark_published(self, batch_ids: Sequence[UUID], txn_ids: Sequence[str]) -> None:
         self.receipts += batch_ids
@@ -177,7 +184,8 @@ async def test_a_redis_hit_with_another_fingerprint_is_a_conflict_not_a_duplicat
 
 
 def _duplicates(layer: str) -> float:
-    return metrics.duplicates_total.labels(layer)._value.get()
+    return sum(metrics.duplicates_total.labels(layer, cause.value)._value.get()
+               for cause in DuplicateCause)
 
 
 async def test_a_redelivery_is_recognised_by_its_key_fields_before_the_schema_check() -> None:

@@ -37,12 +37,13 @@ def test_each_message_gets_one_typed_outcome_and_the_plan_follows() -> None:
     batch = [Msg(raw, i) for i, raw in enumerate([fast, old, new, b"not json", clash_other])]
     limits = Limits()
     keys = read_keys(batch, limits)
-    fast_dups, rest = split_fast_path(batch, keys, {"F": decode_authorization(fast).fingerprint})
+    fast_dups, rest = split_fast_path(batch, keys, {"F": decode_authorization(fast).fingerprint},
+                                      {})
     assert [d.transaction_id for d in fast_dups] == ["F"] and fast_dups[0].layer == "redis"
     valid, invalid = decode_all(rest, limits)
     assert [i.msg.off for i in invalid] == [3] and invalid[0].outcome is Outcome.INVALID
     records = {"O": stored(old, published=False), "C": stored(clash, published=True)}
-    fresh, repeats = split_stored(valid, records)
+    fresh, repeats = split_stored(valid, records, {})
     assert [a.transaction_id for _, a in fresh] == ["N"]
     duplicate, conflict = repeats
     assert isinstance(duplicate, Duplicate) and duplicate.republish == records["O"]
@@ -55,3 +56,46 @@ def test_each_message_gets_one_typed_outcome_and_the_plan_follows() -> None:
                                                                           ("O", True)]
     assert {type(d) for d in plan.dead_letters()} == {Invalid, Conflict}
     assert set(plan.fast_path_entries()) == {"N", "O"}, "never a conflict, never before commit"
+
+
+class Sent(Msg):
+    """A message with the partition, offset and headers the test gives it."""
+
+    def __init__(self, raw: bytes, off: int, partition: int = 0,
+                 headers: list[tuple[str, bytes]] | None = None) -> None:
+        super().__init__(raw, off)
+        self._partition, self._headers = partition, headers
+
+    def partition(self) -> int:
+        return self._partition
+
+    def headers(self) -> list[tuple[str, bytes]] | None:
+        return self._headers
+
+
+def test_duplicate_causes_from_what_the_batch_already_has() -> None:
+    from service.domain.dedup import fast_path_value
+    from service.domain.vocabulary import DuplicateCause as C
+
+    def sent(message_id: str, **where: object) -> Sent:
+        return Sent(encode(auth_message("T", message_id=message_id)), **where)  # type: ignore[arg-type]
+
+    first = decode_authorization(encode(auth_message("T", message_id="m-1")))
+    known = {"T": fast_path_value(first.fingerprint, 0, "m-1")}
+    redriven = [("redrive.source", b"dlq/0/7")]
+    batch = [sent("m-1", off=10), sent("m-2", off=11), sent("m-1", off=12, partition=3),
+             sent("m-3", off=13, headers=redriven),
+             sent("m-1", off=4, headers=redriven)]  # below the replay mark: a replay first
+    dups, rest = split_fast_path(batch, read_keys(batch, Limits()), known, {0: 5})
+    assert rest == []
+    assert [d.cause for d in dups] == [C.REDELIVERY, C.PRODUCER_RETRY, C.CROSS_PARTITION,
+                                       C.REDRIVE, C.REPLAY]
+    # An entry written by an earlier version (a bare fingerprint) still matches.
+    old, _ = split_fast_path(batch[:1], read_keys(batch[:1], Limits()),
+                             {"T": first.fingerprint}, {})
+    assert [d.cause for d in old] == [C.REDELIVERY]
+    # The plan sums them up per batch: one sighting row per cause, layer and partition.
+    rows = BatchPlan(list(dups)).sightings()
+    assert sorted((c.value, p, ids) for c, _layer, p, ids in rows) == [
+        ("cross_partition", 3, ["T"]), ("producer_retry", 0, ["T"]), ("redelivery", 0, ["T"]),
+        ("redrive", 0, ["T"]), ("replay", 0, ["T"])]

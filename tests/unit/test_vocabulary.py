@@ -56,3 +56,9 @@ def test_the_decision_function_speaks_only_the_vocabulary() -> None:
 def test_a_drifted_literal_is_caught() -> None:
     drifted = "CHECK (status IN ('ACTIVE', 'BLOCKED', 'SUSPENDED'))"
     assert in_lists(drifted, "status") != [values(v.AccountStatus)]
+
+
+def test_duplicate_sightings_speak_the_vocabulary() -> None:
+    sightings = sql("006_duplicate_provenance.sql")
+    assert in_lists(sightings, "cause") == [values(v.DuplicateCause)]
+    assert in_lists(sightings, "layer") == [values(v.DuplicateLayer)]

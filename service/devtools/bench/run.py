@@ -293,7 +293,7 @@ class Bench:
             rates.append(self.throughput(worker, group, topic, total))
             rss = max(rss, self.peak_rss_mb(worker))
             caught = {k: v for k, v in worker.metrics().items()
-                      if k.startswith("payauth_duplicates_total")}
+                      if k.startswith('payauth_duplicates_total{layer="')}
             assert worker.terminate() == 0
         rate = statistics.median(rates)
         self.results["replay_dups_per_s"] = round(rate, 1)

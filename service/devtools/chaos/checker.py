@@ -25,6 +25,7 @@ from service.adapters.kafka.admin import group_lag, read_snapshot
 from service.adapters.kafka.config import client_config
 from service.adapters.redis_cache import BUCKET_PREFIX
 from service.config import Settings
+from service.domain.dedup import read_fast_path_value
 from service.verify import verify
 
 
@@ -206,7 +207,7 @@ def check(settings: Settings, log_path: Path, *, redis_prefix: str | None = None
                     row = processed.get(txn)
                     if row is None:
                         cache.violations.append(f"{bucket}[{txn}] without a committed row")
-                    elif row["fingerprint"] != value:
+                    elif row["fingerprint"] != read_fast_path_value(value)[0]:
                         cache.violations.append(f"{bucket}[{txn}] fingerprint differs from "
                                                 "the row")
         except redis.RedisError as exc:
