@@ -55,7 +55,7 @@ from service.ports import Message
 ReplayMarks = Mapping[int, int]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built once per message, and frozen init costs 3x
 class Decided:
     """Decided now by this batch."""
 
@@ -68,7 +68,7 @@ class Decided:
         return Outcome.APPROVED if self.record.result is Result.APPROVED else Outcome.DECLINED
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built once per message, and frozen init costs 3x
 class Duplicate:
     """A transaction decided before. ``republish``: its stored result, when its event was
     never confirmed published (the batch publishes it again, same event_id)."""
@@ -84,7 +84,7 @@ class Duplicate:
     outcome = Outcome.DUPLICATE
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built once per message, and frozen init costs 3x
 class Conflict:
     """The transaction_id of a decided transaction with another payload: dead-lettered, with
     what was decided and how the payloads differ, so that the operator sees at once whether
@@ -123,7 +123,7 @@ class Conflict:
         return out
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built once per message, and frozen init costs 3x
 class Invalid:
     """Not an authorization request (or not one the worker could process): dead-lettered."""
 
@@ -167,22 +167,20 @@ def split_fast_path(msgs: Sequence[Message], keys: Sequence[RedeliveryKey | None
         if fingerprint != key.fingerprint:
             rest.append(msg)  # another payload: the store tells a conflict
             continue
-        cause = _cause(msg, replays, first_partition, message_token(key.message_id),
-                       first_token)
+        cause = _cause(msg, replays, first_partition, key.message_id, first_token)
         duplicates.append(Duplicate(msg, DuplicateLayer.REDIS, key.transaction_id, cause))
     return duplicates, rest
 
 
-def _cause(msg: Message, replays: ReplayMarks, first_partition: int | None, token: str,
+def _cause(msg: Message, replays: ReplayMarks, first_partition: str, message_id: str | None,
            first_token: str) -> DuplicateCause:
-    partition, offset = msg.partition(), msg.offset()
-    replayed_before = replays.get(partition) if partition is not None else None
-    return duplicate_cause(
-        redriven=any(k == "redrive.source" for k, _ in msg.headers() or ()),
-        replayed=replayed_before is not None and offset is not None
-        and offset < replayed_before,
-        partition=partition, first_partition=first_partition, token=token,
-        first_token=first_token)
+    partition = msg.partition()
+    mark = replays.get(partition) if replays and partition is not None else None
+    replayed = mark is not None and (msg.offset() or 0) < mark
+    headers = msg.headers()
+    redriven = bool(headers) and any(k == "redrive.source" for k, _ in headers or ())
+    return duplicate_cause(replayed, redriven, "" if partition is None else str(partition),
+                           first_partition, message_id, first_token)
 
 
 def decode_all(msgs: Sequence[Message], limits: Limits
@@ -224,8 +222,8 @@ def split_stored(valid: Sequence[tuple[Message, Authorization]],
             else:  # the first one is earlier in this batch
                 first_partition = first_in_batch[auth.transaction_id].partition()
                 first_message_id = c.first_in_batch.message_id if c.first_in_batch else None
-            cause = _cause(msg, replays, first_partition, message_token(auth.message_id),
-                           message_token(first_message_id))
+            cause = _cause(msg, replays, "" if first_partition is None else str(first_partition),
+                           auth.message_id, message_token(first_message_id))
             repeats.append(Duplicate(
                 msg, DuplicateLayer.POSTGRES, auth.transaction_id, cause, auth.message_id,
                 republish=previous if previous is not None and not previous.published else None,

@@ -7,7 +7,7 @@ Whether a new one is approved or declined is decided in one place only, the SQL 
 
 from __future__ import annotations
 
-import hashlib
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -89,34 +89,34 @@ def classify(
 # there also tells its cause. A bare fingerprint (entries of earlier versions) still
 # matches; its cause then reads as a redelivery.
 def message_token(message_id: str | None) -> str:
-    """8 hex digits of the message_id's SHA-256: enough to tell two messages of one
-    transaction apart, and nothing of the id itself."""
-    return hashlib.sha256(message_id.encode()).hexdigest()[:8] if message_id else ""
+    """8 hex digits (CRC-32) of the message_id: enough to tell two messages of one
+    transaction apart, nothing of the id itself, and cheap on a replay's hot path."""
+    return f"{zlib.crc32(message_id.encode()):08x}" if message_id else ""
 
 
 def fast_path_value(fingerprint: str, partition: int | None, message_id: str | None) -> str:
     return f"{fingerprint}:{'' if partition is None else partition}:{message_token(message_id)}"
 
 
-def read_fast_path_value(value: str) -> tuple[str, int | None, str]:
-    """(fingerprint, partition or None, message token or "")."""
+def read_fast_path_value(value: str) -> tuple[str, str, str]:
+    """(fingerprint, partition as text or "", message token or "")."""
     fingerprint, _, rest = value.partition(":")
     partition, _, token = rest.partition(":")
-    return fingerprint, int(partition) if partition.isdigit() else None, token
+    return fingerprint, partition, token
 
 
-def duplicate_cause(*, redriven: bool, replayed: bool, partition: int | None,
-                    first_partition: int | None, token: str, first_token: str
-                    ) -> DuplicateCause:
+def duplicate_cause(replayed: bool, redriven: bool, partition: str, first_partition: str,
+                    message_id: str | None, first_token: str) -> DuplicateCause:
     """Why this duplicate came, from what the batch already has: a replay mark above the
     offset (whatever the message, an operator's rewind is why it is read again now), a
-    redrive header, the first decision's partition and message."""
+    redrive header, the first decision's partition and message (partitions as text, ""
+    when unknown; the message's token is only computed when it decides)."""
     if replayed:
         return DuplicateCause.REPLAY
     if redriven:
         return DuplicateCause.REDRIVE
-    if first_partition is not None and partition is not None and first_partition != partition:
+    if first_partition and partition and first_partition != partition:
         return DuplicateCause.CROSS_PARTITION
-    if token and first_token and token != first_token:
+    if first_token and message_id and message_token(message_id) != first_token:
         return DuplicateCause.PRODUCER_RETRY
     return DuplicateCause.REDELIVERY
