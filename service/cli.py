@@ -220,14 +220,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """The runtime's command line: it imports no dev tool (``payauth-dev`` has those)."""
-    args = build_parser().parse_args(argv)
+def run_command(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
+    """Parse, load the settings (a bad one: one line, exit 2), set up logging, run."""
+    args = parser.parse_args(argv)
     try:
         settings = load_settings()
     except ConfigError as exc:
-        print(f"payauth: {exc}", file=sys.stderr)
+        print(f"{parser.prog}: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.log_format, settings.log_level)
     result: int = args.func(settings, args)
     return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The runtime's command line: it imports no dev tool (``payauth-dev`` has those)."""
+    return run_command(build_parser(), argv)

@@ -11,12 +11,11 @@ of the runtime's ``payauth`` command and out of the image.
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from service.config import ConfigError, Settings, load_settings
-from service.logs import configure_logging
+from service.cli import run_command
+from service.config import Settings
 
 
 def _cmd_worker(settings: Settings, _args: argparse.Namespace) -> int:
@@ -65,12 +64,4 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        settings = load_settings()
-    except ConfigError as exc:
-        print(f"payauth-dev: {exc}", file=sys.stderr)
-        return 2
-    configure_logging(settings.log_format, settings.log_level)
-    result: int = args.func(settings, args)
-    return result
+    return run_command(build_parser(), argv)

@@ -6,8 +6,6 @@ holds afterwards."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import uuid
 from decimal import Decimal
 from pathlib import Path
@@ -16,12 +14,7 @@ import asyncpg
 
 from service.verify import verify
 from tests.support import stack
-
-
-def payauth(env: stack.Env, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "service", *args],
-                          env={**env.worker_env(), "PAYAUTH_LOG_LEVEL": "WARNING"},
-                          capture_output=True, text=True, timeout=120, cwd=stack.ROOT)
+from tests.support.workers import payauth
 
 
 def test_a_contract_shaped_insert_works_and_verify_holds(env) -> None:

@@ -7,8 +7,6 @@ each counted under their cause in ``payauth_duplicates_total{layer, cause}`` (qu
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import uuid
 from typing import Any
 
@@ -17,13 +15,7 @@ from confluent_kafka import Producer
 
 from tests.support import stack
 from tests.support.factory import auth_message, encode
-from tests.support.workers import wait_caught_up, wait_until
-
-
-def payauth(env: stack.Env, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "service", *args],
-                          env={**env.worker_env(), "PAYAUTH_LOG_LEVEL": "WARNING"},
-                          capture_output=True, text=True, timeout=120, cwd=stack.ROOT)
+from tests.support.workers import payauth, wait_caught_up, wait_until
 
 
 def produce(topic: str, records: list[tuple[int, bytes, list[tuple[str, bytes]] | None]]) -> None:

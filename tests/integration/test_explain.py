@@ -4,20 +4,12 @@ entry, on one screen, from a real worker's decision; exit 1 for an unknown trans
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import uuid
 
 from service.domain.messages import event_id_for
 from tests.support import stack
 from tests.support.factory import auth_message, encode
-from tests.support.workers import wait_caught_up, wait_until
-
-
-def payauth(env: stack.Env, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "service", *args],
-                          env={**env.worker_env(), "PAYAUTH_LOG_LEVEL": "WARNING"},
-                          capture_output=True, text=True, timeout=120, cwd=stack.ROOT)
+from tests.support.workers import payauth, wait_caught_up, wait_until
 
 
 def test_explain_a_decided_and_an_unknown_transaction(env, spawn_worker) -> None:

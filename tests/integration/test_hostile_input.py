@@ -21,7 +21,7 @@ from confluent_kafka import Producer
 
 from tests.support import stack
 from tests.support.factory import auth_message, encode
-from tests.support.workers import wait_caught_up, wait_until
+from tests.support.workers import payauth, wait_caught_up, wait_until
 
 PAN = "4111111111111111"
 FULLWIDTH_PAN = "".join(chr(0xFF10 + int(d)) for d in PAN)
@@ -90,11 +90,6 @@ def produce_large(topic: str, records: list[tuple[bytes, bytes]]) -> None:
         producer.poll(0)
     assert producer.flush(60) == 0 and not errors, errors
 
-
-def payauth(env: stack.Env, *args: str) -> subprocess.CompletedProcess[str]:
-    run_env = {**env.worker_env(), "PAYAUTH_LOG_LEVEL": "WARNING"}
-    return subprocess.run([sys.executable, "-m", "service", *args], env=run_env,
-                          capture_output=True, text=True, timeout=180, cwd=stack.ROOT)
 
 
 @pytest.mark.partitions(1)

@@ -5,23 +5,16 @@ is the setting changed back."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import time
 import uuid
 from decimal import Decimal
 
 from tests.support import stack
 from tests.support.factory import auth_message, encode
-from tests.support.workers import wait_caught_up, wait_until
+from tests.support.workers import payauth, wait_caught_up, wait_until
 
 SMALL = "1024"  # the "bug": a size limit that refuses a legitimate, larger message
 
-
-def payauth(env: stack.Env, *args: str, **overrides: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "service", *args], cwd=stack.ROOT,
-                          env=env.worker_env(**overrides), capture_output=True, text=True,
-                          timeout=120)
 
 
 

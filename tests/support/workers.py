@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -11,9 +13,18 @@ from confluent_kafka import KafkaException
 from service.adapters.kafka.admin import COORDINATOR_NOT_READY
 from service.devtools.processes import WorkerProcess as _WorkerProcess
 from service.devtools.processes import parse_metrics
-from tests.support.stack import committed_offsets, end_offsets
+from tests.support.stack import ROOT, Env, committed_offsets, end_offsets
 
-__all__ = ["WorkerProcess", "parse_metrics", "wait_caught_up", "wait_until"]
+__all__ = ["WorkerProcess", "parse_metrics", "payauth", "wait_caught_up", "wait_until"]
+
+
+def payauth(env: Env, *args: str, **overrides: str) -> subprocess.CompletedProcess[str]:
+    """``payauth ARGS`` as an operator runs it against the test's world (warnings only)."""
+    return subprocess.run([sys.executable, "-m", "service", *args], cwd=ROOT,
+                          env={**env.worker_env(**overrides),
+                               "PAYAUTH_LOG_LEVEL": overrides.get("PAYAUTH_LOG_LEVEL",
+                                                                  "WARNING")},
+                          capture_output=True, text=True, timeout=180)
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str,
