@@ -11,7 +11,7 @@ import pytest
 
 from tests.support import stack
 from tests.support.factory import auth_message, encode
-from tests.support.workers import wait_caught_up
+from tests.support.workers import payauth, wait_caught_up, wait_until
 
 
 @pytest.fixture
@@ -37,12 +37,22 @@ def test_worker_runs_under_the_least_privilege_role(env, spawn_worker, worker_lo
     account = f"ACC-{uuid.uuid4().hex[:8]}"
     asyncio.run(stack.seed_accounts(env.dsn, [(account, "100.00", "EUR")]))
     txns = [f"LP-{uuid.uuid4().hex[:10]}" for _ in range(5)]
-    stack.produce(env.input_topic, [(account, encode(auth_message(t, account_id=account)))
-                                    for t in txns])
+    records = [(account, encode(auth_message(t, account_id=account))) for t in txns]
+    stack.produce(env.input_topic, records, partition=0)
     worker = spawn_worker(env, PAYAUTH_DATABASE_URL=dsn)
     wait_caught_up(env.group_id, env.input_topic, env.partitions)
+    stack.produce(env.input_topic, records[:1], partition=0)  # the same message again
+    wait_caught_up(env.group_id, env.input_topic, env.partitions)
     assert worker.metrics()['payauth_messages_total{outcome="approved"}'] == 5
+    wait_until(lambda: worker.metrics()['payauth_messages_total{outcome="duplicate"}'] == 1,
+               20, "the redelivery counted")
     assert worker.terminate() == 0
+    # What the worker writes besides decisions (receipts, duplicate sightings) and what the
+    # operator's explain reads both work under the worker role's grants.
+    shown = payauth(env, "explain", txns[0], PAYAUTH_DATABASE_URL=dsn)
+    assert shown.returncode == 0, shown.stderr
+    assert "decision     APPROVED" in shown.stdout and "published    20" in shown.stdout
+    assert "redelivery: 1 time(s)" in shown.stdout, shown.stdout
 
     async def as_worker() -> dict[str, str]:
         conn = await asyncpg.connect(dsn)
