@@ -39,4 +39,7 @@ def test_bench_smoke_writes_every_key_and_verify_holds(live_stack, tmp_path) -> 
         "parse", "redis", "validate", "postgres_lookup", "postgres_commit", "publish"}
     assert results["latency_batch_messages_mean"] >= 1
     assert len(results["replay_runs_per_s"]) == 1
+    # CPU per authorization per process kind, from /proc around the backlog phase.
+    assert set(results["cpu_us_per_auth"]) == {"worker", "postgres", "broker", "redis"}
+    assert results["cpu_us_per_auth"]["worker"] > 0 and results["cpu_us_per_auth"]["postgres"] > 0
     assert "verify: all invariants hold" in result.stdout

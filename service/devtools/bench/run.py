@@ -49,6 +49,7 @@ from service.adapters import postgres as sql
 from service.adapters.kafka.admin import group_lag
 from service.config import Settings, load_settings
 from service.devtools import scratch
+from service.devtools.bench import cpu
 from service.devtools.bench.naive import run_naive
 from service.devtools.demo import authorization_message
 from service.devtools.processes import ROOT, WorkerProcess
@@ -267,7 +268,12 @@ class Bench:
         group = f"bench-{self.run}"
         commits, calls = asyncio.run(self.pg_commits()), self.redis_calls()
         worker = self.worker(topic, group, "new")
+        assert worker.proc is not None
+        worker.port()  # logged once imported, before it joins the group: the imports are
+        cpu_before = cpu.sample(worker.proc.pid)  # not the backlog's CPU
         rate = self.throughput(worker, group, topic, total)
+        self.results["cpu_us_per_auth"] = cpu.per_item(cpu_before, cpu.sample(worker.proc.pid),
+                                                       total)
         time.sleep(1.5)  # statistics are flushed by backends about once a second
         commits = asyncio.run(self.pg_commits()) - commits
         calls = self.redis_calls() - calls
@@ -487,6 +493,9 @@ def render(r: dict[str, Any]) -> str:
             met = value >= bound if op == ">=" else value <= bound
             mark = f"{op} {bound:<7}  {'met' if met else 'NOT met'}"
         lines.append(f"{key:<28}{value:>14,}  {mark}")
+    cpu_us = r.get("cpu_us_per_auth", {})
+    lines.append("cpu_us_per_auth             " + ", ".join(
+        f"{kind} {value:,}" for kind, value in cpu_us.items()) + "  (worker <= 40)")
     return "\n".join(lines)
 
 
