@@ -104,17 +104,6 @@ def number_texts(value: int | Decimal) -> Iterator[str]:
 # at C speed for nearly every message (a hex digest rarely has 13 digits in a row).
 _RUN_BYTES = bytes(35 if chr(b) in "0123456789 -." else 46 for b in range(256))
 _THIRTEEN = b"#" * 13
-# A JSON number with an exponent, in a value position (a false positive, such as a hash
-# that starts "1e", only sends a message the long way).
-_EXPONENT = re.compile(r"[:\[,]\s*-?[0-9][0-9.]*[eE]")
-
-
-def has_exponent_number(text: str) -> bool:
-    """A number written with an exponent (``4.111111111111111E15``): its digits may spell a
-    card number that no digit run in the text shows. A regex pass: for the rare text that
-    already shows a long digit run."""
-    return _EXPONENT.search(text) is not None
-
 
 def has_long_digit_run(raw: bytes) -> bool:
     """13 or more ASCII digits, spaces, dashes or dots in a row: where a card number could

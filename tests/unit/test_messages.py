@@ -381,3 +381,14 @@ def test_redact_masks_long_digit_runs_in_any_script() -> None:
 
 def test_a_currency_that_is_a_card_number_is_card_data() -> None:
     assert reason_of(with_body(currency=PAN)) is R.CARD_DATA_PRESENT
+
+
+def test_numeric_network_identifiers_keep_the_fast_path() -> None:
+    """A transaction id made of digits (as many networks send) is an id, not card data: the
+    redelivery key is read for it, Luhn-valid or not."""
+    from service.domain.messages import redelivery_key
+
+    for txn in ("TXN-189020-00000001", "4111111111111111", "000123456789012345"):
+        raw = encode(auth_message(txn, message_id=f"msg-{txn}"))
+        key = redelivery_key(raw)
+        assert key is not None and key.transaction_id == txn, txn
