@@ -105,6 +105,7 @@ def number_texts(value: int | Decimal) -> Iterator[str]:
 _RUN_BYTES = bytes(35 if chr(b) in "0123456789 -." else 46 for b in range(256))
 _THIRTEEN = b"#" * 13
 
+
 def has_long_digit_run(raw: bytes) -> bool:
     """13 or more ASCII digits, spaces, dashes or dots in a row: where a card number could
     hide in ASCII text (``may_contain_pan`` also looks at non-ASCII text and escapes)."""
