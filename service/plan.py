@@ -5,13 +5,17 @@ step what the previous I/O returned:
 
     read_keys(messages)                       → a redelivery key per message, or None
     [cache lookup]
-    split_fast_path(messages, keys, known)    → fast-path duplicates, and the rest
+    split_fast_path(messages, keys, known, replays)
+                                              → fast-path duplicates (with their cause),
+                                                and the rest
     decode_all(rest, limits)                  → valid requests, and dead letters
     [store lookup]
-    split_stored(valid, stored)               → new requests, and duplicates/conflicts
+    split_stored(valid, stored, replays)      → new requests, and duplicates/conflicts
     [authorize the new ones]
     decided(new, records)                     → the decisions
-    BatchPlan(...)                            → events, dead letters, fast-path entries
+    in_message_order(outcomes, messages)      → one outcome per message, in order
+    BatchPlan(...)                            → events, dead letters, fast-path entries,
+                                                duplicate sightings
 
 Every outcome is a value of its own type (``Decided``, ``Duplicate``, ``Conflict``,
 ``Invalid``), so that what a field means never depends on another field.
