@@ -12,16 +12,19 @@ import asyncpg
 import pytest
 
 from tests.support import stack
-from tests.support.factory import auth_message, encode
+from tests.support.factory import (
+    auth_message,
+    each_followed_by_a_good_one,
+    encode,
+    with_body_fields,
+)
 from tests.support.workers import wait_caught_up
 
 PAN = "4111111111111111"
 
 
 def body_with(**fields: object) -> bytes:
-    message = auth_message(f"BAD-{uuid.uuid4().hex[:10]}", account_id="ACC-BAD")
-    message["body"].update(fields)
-    return encode(message)
+    return with_body_fields("ACC-BAD", **fields)
 
 
 def literal_amount(text: str) -> bytes:
@@ -66,14 +69,7 @@ CASES: dict[str, tuple[bytes, str]] = {
 def test_bad_input_is_dead_lettered_with_its_reason_and_never_blocks(env, spawn_worker) -> None:
     account = f"ACC-{uuid.uuid4().hex[:8]}"
     asyncio.run(stack.seed_accounts(env.dsn, [(account, "1000.00", "EUR")]))
-    records: list[tuple[bytes, bytes]] = []
-    good_after: list[str] = []
-    for name, (raw, _reason) in CASES.items():
-        records.append((name.encode(), raw))
-        txn = f"GOOD-{uuid.uuid4().hex[:10]}"
-        good_after.append(txn)  # right behind each bad one, on the same (only) partition
-        records.append((account.encode(), encode(auth_message(txn, account_id=account,
-                                                              amount="1.00"))))
+    records, good_after = each_followed_by_a_good_one(CASES, account)
     stack.produce(env.input_topic, records, partition=0)
     worker = spawn_worker(env)
     wait_caught_up(env.group_id, env.input_topic, env.partitions)

@@ -20,17 +20,19 @@ import pytest
 from confluent_kafka import Producer
 
 from tests.support import stack
-from tests.support.factory import auth_message, encode
+from tests.support.factory import (
+    auth_message,
+    each_followed_by_a_good_one,
+    encode,
+    with_body_fields,
+)
 from tests.support.workers import payauth, wait_caught_up, wait_until
 
 PAN = "4111111111111111"
 FULLWIDTH_PAN = "".join(chr(0xFF10 + int(d)) for d in PAN)
 
 
-def with_body(account: str, **fields: object) -> bytes:
-    message = auth_message(f"HOSTILE-{uuid.uuid4().hex[:10]}", account_id=account)
-    message["body"].update(fields)
-    return encode(message)
+with_body = with_body_fields
 
 
 def raw_field(account: str, field: bytes) -> bytes:
@@ -99,14 +101,7 @@ def test_hostile_messages_never_stop_the_partition_nor_leak_card_data(
     account = f"ACC-{uuid.uuid4().hex[:8]}"
     asyncio.run(stack.seed_accounts(env.dsn, [(account, "1000.00", "EUR")]))
     cases = hostile_cases(account)[defect]
-    records: list[tuple[bytes, bytes]] = []
-    good_after: list[str] = []
-    for name, (raw, _reason) in cases.items():
-        records.append((name.encode(), raw))
-        txn = f"GOOD-{uuid.uuid4().hex[:10]}"
-        good_after.append(txn)  # right behind each hostile one, on the same (only) partition
-        records.append((account.encode(), encode(auth_message(txn, account_id=account,
-                                                              amount="1.00"))))
+    records, good_after = each_followed_by_a_good_one(cases, account)
     produce_large(env.input_topic, records)
     worker = spawn_worker(env)
     wait_caught_up(env.group_id, env.input_topic, env.partitions, timeout=120)

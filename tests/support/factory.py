@@ -32,3 +32,27 @@ def _decimal_as_number(value: object) -> str:
     if isinstance(value, Decimal):
         return f"@@DECIMAL:{value}:DECIMAL@@"
     raise TypeError(f"cannot encode {type(value).__name__}")
+
+
+def with_body_fields(account_id: str, /, **fields: Any) -> bytes:
+    """A fresh authorization whose body has ``fields`` added or replaced (bad input; a field
+    may replace the account_id too)."""
+    message = auth_message(account_id=account_id)
+    message["body"].update(fields)
+    return encode(message)
+
+
+def each_followed_by_a_good_one(cases: dict[str, tuple[bytes, Any]], account_id: str
+                                ) -> tuple[list[tuple[bytes, bytes]], list[str]]:
+    """(key, value) records: each case's bytes keyed by its name, then a good 1.00 purchase
+    on ``account_id`` right behind it; and the good ones' transaction ids, in order. On one
+    partition, a good one decided proves the case before it did not block the partition."""
+    records: list[tuple[bytes, bytes]] = []
+    good: list[str] = []
+    for name, (raw, _expected) in cases.items():
+        records.append((name.encode(), raw))
+        txn = f"GOOD-{uuid.uuid4().hex[:10]}"
+        good.append(txn)
+        records.append((account_id.encode(),
+                        encode(auth_message(txn, account_id=account_id, amount="1.00"))))
+    return records, good
