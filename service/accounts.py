@@ -19,12 +19,11 @@ from pathlib import Path
 
 import asyncpg
 
-from service.domain.money import UnknownCurrency, decimals_of, minor_unit
+from service.domain.money import PLAIN_DECIMAL, UnknownCurrency, decimals_of, minor_unit
 from service.domain.vocabulary import IDENTIFIER_PATTERN, MAX_AMOUNT, AccountStatus
 
 COLUMNS = ("account_id", "balance", "currency", "status")
 _IDENTIFIER = re.compile(IDENTIFIER_PATTERN)
-_PLAIN_DECIMAL = re.compile(r"(?:0|[1-9][0-9]*)(?:\.[0-9]+)?")
 
 
 class AccountsFileInvalid(Exception):
@@ -101,7 +100,7 @@ def _row(number: int, cells: list[str]) -> AccountRow:
         allowed = minor_unit(currency)
     except UnknownCurrency as exc:
         raise ValueError(str(exc)) from None
-    if not _PLAIN_DECIMAL.fullmatch(balance_text):
+    if not PLAIN_DECIMAL.fullmatch(balance_text):
         raise ValueError('balance must be a plain decimal like "125.50", not negative')
     try:
         balance = Decimal(balance_text)

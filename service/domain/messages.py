@@ -32,7 +32,13 @@ from pydantic import (
 )
 
 from service.domain.errors import DeadLetterReason, InvalidMessage
-from service.domain.money import UnknownCurrency, decimals_of, format_amount, minor_unit
+from service.domain.money import (
+    PLAIN_DECIMAL,
+    UnknownCurrency,
+    decimals_of,
+    format_amount,
+    minor_unit,
+)
 from service.domain.pan import document_contains_pan, has_long_digit_run, may_contain_pan
 from service.domain.vocabulary import (
     DEFAULT_MAX_REFUND,
@@ -57,10 +63,8 @@ Text = Annotated[
 ]
 
 
-# What an amount sent as a string may look like: "125.50", "1250", "0.5". No sign, no
-# exponent, no leading zeros, no bare point ("10.", ".5"): a plain decimal, as the contract
-# says. (A JSON number is whatever JSON allows; it is parsed exactly, never as a float.)
-_PLAIN_DECIMAL = re.compile(r"(?:0|[1-9][0-9]*)(?:\.[0-9]+)?")
+# An amount sent as a string is a PLAIN_DECIMAL, as the contract says. (A JSON number is
+# whatever JSON allows; it is parsed exactly, never as a float.)
 _PLAIN_DECIMAL_HINT = 'amount string must be a plain decimal like "125.50"'
 
 
@@ -70,7 +74,7 @@ def _exact_amount(value: object) -> Decimal:
     if isinstance(value, int):
         return Decimal(value)
     if isinstance(value, str):
-        if len(value) > 40 or not _PLAIN_DECIMAL.fullmatch(value):
+        if len(value) > 40 or not PLAIN_DECIMAL.fullmatch(value):
             raise ValueError(_PLAIN_DECIMAL_HINT)
         return Decimal(value)
     if isinstance(value, Decimal):

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal
 from functools import cache
 
 import iso4217
+
+# What an amount written as text may look like: "125.50", "1250", "0.5". No sign, no
+# exponent, no leading zeros, no bare point ("10.", ".5"): a plain decimal.
+PLAIN_DECIMAL = re.compile(r"(?:0|[1-9][0-9]*)(?:\.[0-9]+)?")
 
 
 class UnknownCurrency(ValueError):
