@@ -7,6 +7,7 @@ import asyncio
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from service.config import ConfigError, Settings, load_settings
 from service.logs import configure_logging
@@ -50,10 +51,14 @@ def _cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
 
     from service import replay
 
-    chosen = [args.to_datetime is not None, args.to_earliest, args.shift_by is not None]
-    if sum(chosen) != 1:
-        print("payauth replay: give exactly one of --to-datetime, --to-earliest, --shift-by",
-              file=sys.stderr)
+    if args.shadow:
+        return _shadow_replay(settings, args)
+    chosen = [args.to_datetime is not None, args.to_earliest, args.shift_by is not None,
+              args.from_offset is not None]
+    if sum(chosen) != 1 or args.to_offset is not None or args.transactions or args.json:
+        print("payauth replay: give exactly one of --to-datetime, --to-earliest, --shift-by, "
+              "--from-offset (--to-offset, --transactions and --json go with --shadow: a "
+              "replay re-reads to the end of each partition)", file=sys.stderr)
         return 2
     try:
         if args.shift_by is not None and args.shift_by > 0 and not args.force:
@@ -65,13 +70,7 @@ def _cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
             raise replay.ReplayRefused(
                 f"refusing: group {settings.group_id} has {len(members)} active member(s) "
                 f"({', '.join(members)}); stop the workers first (scale to 0), then replay")
-        plans = replay.build_plan(
-            settings,
-            to_datetime=replay.parse_datetime(args.to_datetime) if args.to_datetime else None,
-            to_earliest=args.to_earliest,
-            shift_by=args.shift_by,
-            partitions=[int(p) for p in args.partitions.split(",")] if args.partitions else None,
-        )
+        plans = _replay_plans(settings, args)
         mode = "EXECUTE" if args.execute else "dry run (--execute to apply)"
         print(replay.render(plans, f"replay of {settings.input_topic} for group "
                                    f"{settings.group_id}: {mode}"))
@@ -93,6 +92,68 @@ def _cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
         print(f"payauth replay: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _replay_plans(settings: Settings, args: argparse.Namespace) -> list[Any]:
+    from service import replay
+
+    return replay.build_plan(
+        settings,
+        to_datetime=replay.parse_datetime(args.to_datetime) if args.to_datetime else None,
+        to_earliest=args.to_earliest,
+        shift_by=args.shift_by,
+        to_offset=args.from_offset,
+        partitions=_partitions(args.partitions),
+    )
+
+
+def _partitions(text: str | None) -> list[int] | None:
+    return [int(p) for p in text.split(",")] if text else None
+
+
+def _shadow_replay(settings: Settings, args: argparse.Namespace) -> int:
+    """Exit 0: nothing would change; 3: something would; 1: could not tell; 2: usage."""
+    import asyncpg
+
+    from service import replay, shadow
+
+    by_plan = [args.to_datetime is not None, args.to_earliest, args.shift_by is not None]
+    by_offsets = args.from_offset is not None or args.to_offset is not None
+    if sum(by_plan) + by_offsets + bool(args.transactions) != 1 or args.execute:
+        print("payauth replay --shadow: give exactly one of --to-datetime, --to-earliest, "
+              "--shift-by, --from-offset/--to-offset, --transactions (and no --execute: a "
+              "shadow replay writes nothing)", file=sys.stderr)
+        return 2
+    try:
+        if args.transactions:
+            ids = _transaction_ids(args.transactions)
+            report = asyncio.run(shadow.shadow(settings, transaction_ids=ids))
+        else:
+            if by_offsets:
+                ranges = shadow.ranges_of_offsets(settings, args.from_offset, args.to_offset,
+                                                  _partitions(args.partitions))
+            else:
+                ranges = shadow.ranges_of_plans(_replay_plans(settings, args))
+            report = asyncio.run(shadow.shadow(settings, ranges=ranges))
+    except replay.ReplayRefused as exc:
+        print(f"payauth replay --shadow: {exc}", file=sys.stderr)
+        return 1
+    except (OSError, asyncpg.PostgresError) as exc:
+        print(f"payauth replay --shadow: the database did not answer ({type(exc).__name__}: "
+              f"{exc})", file=sys.stderr)
+        return 1
+    print(report.render())
+    if args.json:
+        report.write_json(Path(args.json))
+    return 3 if report.would_change else 0
+
+
+def _transaction_ids(text: str) -> list[str]:
+    """A comma-separated list, or @FILE with one id per line."""
+    if text.startswith("@"):
+        lines = Path(text[1:]).read_text().splitlines()
+        return [line.strip() for line in lines if line.strip()]
+    return [t.strip() for t in text.split(",") if t.strip()]
 
 
 def _cmd_dlq_redrive(settings: Settings, args: argparse.Namespace) -> int:
@@ -180,14 +241,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wait", type=float, default=60, help="seconds to wait for the broker")
     p.set_defaults(func=_cmd_topics)
 
-    p = sub.add_parser("replay", help="rewind the group's committed offsets (dry run default)")
+    p = sub.add_parser("replay", help="rewind the group's committed offsets (dry run default); "
+                                      "--shadow: what the rule now would change")
     p.add_argument("--to-datetime", help="ISO 8601; UTC when no zone")
     p.add_argument("--to-earliest", action="store_true")
     p.add_argument("--shift-by", type=int, help="-N: re-read the last N messages per partition")
+    p.add_argument("--from-offset", type=int, help="rewind to this offset in each partition")
+    p.add_argument("--to-offset", type=int, help="with --shadow: the last offset compared")
     p.add_argument("--partitions", help="comma-separated partition numbers (default: all)")
     p.add_argument("--execute", action="store_true", help="apply the plan")
     p.add_argument("--force", action="store_true",
                    help="allow a target older than the dedup retention window")
+    p.add_argument("--shadow", action="store_true",
+                   help="decide the range again with the rule as it is now and show what would "
+                        "change; writes nothing, safe while the workers run (exit 3: something "
+                        "would change)")
+    p.add_argument("--transactions", metavar="IDS|@FILE",
+                   help="with --shadow: these transaction ids instead of a range")
+    p.add_argument("--json", metavar="FILE", help="with --shadow: the report as JSON too")
     p.set_defaults(func=_cmd_replay)
 
     p = sub.add_parser("purge", help="delete dedup records older than the retention window")

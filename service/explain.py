@@ -1,6 +1,7 @@
 """``payauth explain TXN_ID``: one transaction on one screen, for a support agent in a dispute.
 
-The decision (result, reason, amount, account), where the deciding message came from
+The decision (result, reason, amount, account, and the inputs it read: the account's
+balance, currency and status, the rule's version), where the deciding message came from
 (topic, partition, offset, message_id, correlation_id), when it was decided and when its
 event was confirmed published (with the event_id downstream systems dedup on), the ledger
 entry, and the duplicates seen by cause (``duplicate_sightings``: times a batch held it,
@@ -22,6 +23,8 @@ _DECISION = """
 SELECT p.txn_id, p.result, p.decline_reason, p.account_id, p.amount::text AS amount,
        p.currency, p.authorization_type, p.correlation_id, p.message_id, p.source_topic,
        p.source_partition, p.source_offset, p.processed_at, p.batch_id,
+       p.input_balance::text AS input_balance, p.input_status, p.input_currency,
+       p.rule_version,
        coalesce(p.published_at, b.published_at) AS published_at
   FROM processed_transactions p
   LEFT JOIN published_batches b ON b.batch_id = p.batch_id
@@ -63,6 +66,7 @@ class Explanation:
                 f"decision     {d['result']}{reason}",
                 f"request      {d['authorization_type']} {d['amount']} {d['currency']} "
                 f"on account {d['account_id']}",
+                f"inputs       {_inputs(d)}",
                 f"decided at   {d['processed_at'].isoformat()}",
                 f"from         {d['source_topic']} partition {d['source_partition']} offset "
                 f"{d['source_offset']}, message_id {d['message_id']}, correlation_id "
@@ -87,6 +91,16 @@ class Explanation:
                          + f"{dup['cause']}: {dup['times']} time(s), first "
                          f"{dup['first'].isoformat()}, last {dup['last'].isoformat()}")
         return "\n".join(lines)
+
+
+def _inputs(d: dict[str, Any]) -> str:
+    """What the decision read, as migration 007 records it."""
+    if d["rule_version"] is None:
+        return "not recorded (decided by a version before decision inputs were kept)"
+    if d["input_balance"] is None:
+        return f"no such account (rule {d['rule_version']})"
+    return (f"account balance {d['input_balance']} {d['input_currency']}, status "
+            f"{d['input_status']} (rule {d['rule_version']})")
 
 
 async def explain(dsn: str, transaction_id: str) -> Explanation:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 from decimal import Decimal
+from typing import Any
 
 import asyncpg
 import pytest
@@ -16,7 +17,7 @@ from service.domain.messages import Authorization, decode_authorization
 from service.ports import ClaimLost
 from tests.support import stack
 from tests.support.factory import auth_message, encode
-from tests.support.oracle import Account, decide_in_order
+from tests.support.oracle import Account, decide_in_order, decide_in_order_with_inputs
 
 ACCOUNTS = [  # id, balance, currency, status
     ("FN-A", "100.00", "EUR", "ACTIVE"),
@@ -56,6 +57,17 @@ async def _seed(dsn: str) -> None:
         await stack.seed_accounts(dsn, [(account_id, balance, currency)], status=status)
 
 
+async def _recorded_inputs(dsn: str, batch: list[Authorization]) -> list[Any]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return list(await conn.fetch(
+            "SELECT txn_id, input_balance, input_status, input_currency, rule_version "
+            "FROM processed_transactions WHERE txn_id = ANY($1::text[])",
+            [a.transaction_id for a in batch]))
+    finally:
+        await conn.close()
+
+
 def test_the_function_decides_as_the_domain_reference(env: stack.Env) -> None:
     async def scenario() -> None:
         await _seed(env.dsn)
@@ -66,13 +78,22 @@ def test_the_function_decides_as_the_domain_reference(env: stack.Env) -> None:
             for round_number in range(6):
                 batch = _random_batch(rng, str(round_number), 250)
                 before = await _accounts(env.dsn)
-                expected = decide_in_order(batch, before)
+                seen_and_decided = decide_in_order_with_inputs(batch, before)
+                expected = [decision for _, decision in seen_and_decided]
                 stored = await store.authorize(
                     batch, source_topic="t", source_partitions=[0] * len(batch),
                     source_offsets=list(range(len(batch))))
                 got = [(s.result, s.decline_reason) for s in stored]
                 assert got == [(d.result, d.decline_reason) for d in expected]
                 kinds |= {(str(r), str(w) if w else None) for r, w in got}
+                # Each decision's inputs are recorded as it read them (shadow replay's input).
+                recorded = {r["txn_id"]: r for r in await _recorded_inputs(env.dsn, batch)}
+                for auth, (seen, _) in zip(batch, seen_and_decided, strict=True):
+                    row = recorded[auth.transaction_id]
+                    assert row["rule_version"], auth.transaction_id
+                    assert (row["input_balance"], row["input_status"], row["input_currency"]) \
+                        == ((seen.balance, seen.status, seen.currency) if seen else
+                            (None, None, None)), auth.transaction_id
                 after = await _accounts(env.dsn)
                 for account_id, account in before.items():
                     moved = sum((d.delta for a, d in zip(batch, expected, strict=True)

@@ -31,10 +31,12 @@ def test_explain_a_decided_and_an_unknown_transaction(env, spawn_worker) -> None
     assert shown.returncode == 0, shown.stderr
     for expected in ("decision     APPROVED", f"PURCHASE 40.00 EUR on account {account}",
                      event_id_for(approved), "partition 1 offset 0",
-                     "message_id msg-explain-1", "ledger       entry", "-40.00 EUR"):
+                     "message_id msg-explain-1", "ledger       entry", "-40.00 EUR",
+                   "inputs       account balance 100.00 EUR, status ACTIVE (rule "):
         assert expected in shown.stdout, (expected, shown.stdout)
     other = payauth(env, "explain", declined)
     assert other.returncode == 0
     assert "DECLINED (INSUFFICIENT_FUNDS)" in other.stdout and "no entry" in other.stdout
+    assert "inputs       account balance 60.00 EUR" in other.stdout  # after the approval
     unknown = payauth(env, "explain", "NO-SUCH-TXN")
     assert unknown.returncode == 1 and "no transaction NO-SUCH-TXN" in unknown.stdout

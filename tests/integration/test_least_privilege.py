@@ -4,6 +4,7 @@ must not do fails in PostgreSQL itself."""
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 
 import asyncpg
@@ -48,11 +49,15 @@ def test_worker_runs_under_the_least_privilege_role(env, spawn_worker, worker_lo
                20, "the redelivery counted")
     assert worker.terminate() == 0
     # What the worker writes besides decisions (receipts, duplicate sightings) and what the
-    # operator's explain reads both work under the worker role's grants.
+    # operator's explain and shadow replay read all work under the worker role's grants.
     shown = payauth(env, "explain", txns[0], PAYAUTH_DATABASE_URL=dsn)
     assert shown.returncode == 0, shown.stderr
     assert "decision     APPROVED" in shown.stdout and "published    20" in shown.stdout
     assert "redelivery: 1 time(s)" in shown.stdout, shown.stdout
+    shadowed = payauth(env, "replay", "--shadow", "--transactions", ",".join(txns),
+                       PAYAUTH_DATABASE_URL=dsn)
+    assert shadowed.returncode == 0, shadowed.stderr
+    assert re.search(r"  unchanged +5\n", shadowed.stdout), shadowed.stdout
 
     async def as_worker() -> dict[str, str]:
         conn = await asyncpg.connect(dsn)

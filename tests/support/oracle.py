@@ -1,7 +1,8 @@
 """A Python model of the decision rules, for tests only: production decides in one place, the
-SQL function ``payauth_authorize`` (migrations/004). ``tests/integration/
-test_authorize_function.py`` holds the function to this model, rule by rule and on random
-batches; a disagreement means one of the two is wrong, and the test says which batch shows it.
+SQL function ``payauth_decide`` (migrations/007), called by ``payauth_authorize``.
+``tests/integration/test_authorize_function.py`` holds the function to this model, rule by
+rule and on random batches; a disagreement means one of the two is wrong, and the test says
+which batch shows it.
 """
 
 from __future__ import annotations
@@ -49,8 +50,15 @@ def decide_in_order(
 ) -> list[Decision]:
     """Decide new authorizations in offset order, each seeing the balance the ones before it
     left (one account's debits in a batch cannot overdraw it together)."""
+    return [decision for _, decision in decide_in_order_with_inputs(new, accounts)]
+
+
+def decide_in_order_with_inputs(
+    new: Sequence[Authorization], accounts: Mapping[str, Account]
+) -> list[tuple[Account | None, Decision]]:
+    """As ``decide_in_order``, with the account each decision saw (its inputs)."""
     current = dict(accounts)
-    decisions = []
+    out = []
     for auth in new:
         account = current.get(auth.account_id)
         decision = decide(auth, account)
@@ -59,5 +67,5 @@ def decide_in_order(
                 account.account_id, account.balance + decision.delta, account.currency,
                 account.status,
             )
-        decisions.append(decision)
-    return decisions
+        out.append((account, decision))
+    return out

@@ -1,0 +1,238 @@
+"""``payauth replay --shadow``: what the decision rule as it is now would change, before any
+replay, moving no money and writing nothing.
+
+A replay re-reads messages, but a decided transaction is a duplicate and keeps its stored
+result. So after a fix to the rule, the question is which stored decisions the rule now
+decides otherwise. Each decision keeps the inputs it read (the account's balance, status
+and currency, and the rule's version: ``migrations/007_decision_inputs.sql``); the shadow
+replay calls ``payauth_decide`` as the database has it now on those inputs and compares.
+
+The range: what ``payauth replay`` would re-read (``--to-datetime``, ``--to-earliest``,
+``--shift-by``: from the target to the group's committed offset), explicit offsets
+(``--from-offset``/``--to-offset``, inclusive), or a list of transaction ids. Safe while the
+workers run: the topic is read by an assigned consumer that joins no group and commits
+nothing, the database in read-only transactions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+import asyncpg
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from service.adapters.kafka.config import client_config
+from service.config import Settings
+from service.domain.errors import InvalidMessage
+from service.domain.messages import Authorization, decode_authorization
+from service.replay import PartitionPlan, ReplayRefused
+from service.shadow_report import Decision, ShadowReport
+
+_CHUNK = 2_000  # messages classified per database round trip
+_QUIET_SECONDS = 30  # no message for this long before the range's end: the read fails
+
+RULE_VERSION = """
+SELECT left(md5(p.prosrc), 12) FROM pg_proc p
+ WHERE p.oid = to_regprocedure('payauth_decide(numeric,text,text,text,text,numeric)')
+"""
+# The stored decision and what the rule decides now from the same inputs.
+_DECIDE_AGAIN = """
+SELECT p.txn_id, p.fingerprint, p.result, p.decline_reason, p.rule_version,
+       CASE WHEN p.rule_version IS NOT NULL
+            THEN payauth_decide(p.input_balance, p.input_status, p.input_currency::text,
+                                p.currency::text, p.authorization_type, p.amount)
+       END AS now
+  FROM processed_transactions p
+ WHERE p.txn_id = ANY($1::text[])
+"""
+_LEDGER_ONLY = "SELECT txn_id FROM ledger_entries WHERE txn_id = ANY($1::text[])"
+# Never decided: what the rule decides now, each alone against its account as it is now.
+_DECIDE_NOW = """
+SELECT payauth_decide(a.balance, a.status, a.currency::text, t.currency, t.auth_type, t.amount)
+  FROM unnest($1::text[], $2::numeric[], $3::text[], $4::text[]) WITH ORDINALITY
+       AS t(account_id, amount, currency, auth_type, ord)
+  LEFT JOIN accounts a ON a.account_id = t.account_id
+ ORDER BY t.ord
+"""
+
+
+@dataclass(frozen=True)
+class OffsetRange:
+    partition: int
+    start: int
+    end: int  # exclusive
+
+    def __str__(self) -> str:
+        return f"{self.partition}: {self.start}-{self.end - 1}" if self.end > self.start \
+            else f"{self.partition}: none"
+
+
+def ranges_of_plans(plans: Sequence[PartitionPlan]) -> list[OffsetRange]:
+    """What the replay plan would re-read: from its target to the committed offset."""
+    return [OffsetRange(p.partition, p.target, max(p.target, p.current or p.target))
+            for p in plans]
+
+
+def ranges_of_offsets(settings: Settings, from_offset: int | None, to_offset: int | None,
+                      partitions: list[int] | None) -> list[OffsetRange]:
+    """Explicit offsets (``to_offset`` inclusive), within what each partition holds."""
+    consumer = Consumer({**client_config(settings), "group.id": f"{settings.group_id}.shadow",
+                         "enable.auto.commit": False})
+    try:
+        topic = settings.input_topic
+        metadata = consumer.list_topics(topic, timeout=10).topics.get(topic)
+        if metadata is None or metadata.error is not None:
+            raise ReplayRefused(f"topic {topic} does not exist")
+        wanted = sorted(metadata.partitions) if partitions is None else sorted(partitions)
+        unknown = set(wanted) - set(metadata.partitions)
+        if unknown:
+            raise ReplayRefused(f"topic {topic} has no partition {sorted(unknown)}")
+        out = []
+        for p in wanted:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            start = max(low, from_offset if from_offset is not None else low)
+            end = min(high, to_offset + 1 if to_offset is not None else high)
+            out.append(OffsetRange(p, start, max(start, end)))
+        return out
+    finally:
+        consumer.close()
+
+
+def read_range(settings: Settings, ranges: Sequence[OffsetRange]) -> Iterator[list[Any]]:
+    """The messages of the ranges, in chunks; joins no group, commits nothing."""
+    todo = {r.partition: r for r in ranges if r.end > r.start}
+    if not todo:
+        return
+    consumer = Consumer({**client_config(settings), "group.id": f"{settings.group_id}.shadow",
+                         "enable.auto.commit": False, "enable.partition.eof": True})
+    try:
+        consumer.assign([TopicPartition(settings.input_topic, r.partition, r.start)
+                         for r in todo.values()])
+        chunk: list[Any] = []
+        quiet = 0.0
+        while todo:
+            msgs = consumer.consume(500, timeout=1.0)
+            quiet = quiet + 1.0 if not msgs else 0.0
+            if quiet >= _QUIET_SECONDS:
+                raise ReplayRefused(
+                    f"no message for {_QUIET_SECONDS} s before the end of partition(s) "
+                    f"{sorted(todo)} of {settings.input_topic}; is the broker reachable?")
+            for msg in msgs:
+                partition, offset, error = msg.partition(), msg.offset(), msg.error()
+                r = todo.get(partition) if partition is not None else None
+                if r is None:
+                    continue
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        del todo[r.partition]  # the range ended early (records compacted)
+                        continue
+                    raise ReplayRefused(f"reading {settings.input_topic}: {error}")
+                if offset is None:
+                    continue
+                if offset < r.end:
+                    chunk.append(msg)
+                if offset >= r.end - 1:
+                    del todo[r.partition]
+            if len(chunk) >= _CHUNK:
+                yield chunk
+                chunk = []
+        if chunk:
+            yield chunk
+    finally:
+        consumer.close()
+
+
+async def rule_version_now(conn: asyncpg.Connection) -> str:
+    version = await conn.fetchval(RULE_VERSION)
+    if version is None:
+        raise ReplayRefused("the database has no payauth_decide: run payauth migrate")
+    return str(version)
+
+
+async def classify_messages(conn: asyncpg.Connection, report: ShadowReport,
+                            msgs: Sequence[Any], settings: Settings) -> None:
+    """Put each message's transaction in its group of the report."""
+    valid: list[Authorization] = []
+    for msg in msgs:
+        try:
+            valid.append(decode_authorization(msg.value(), max_bytes=settings.max_message_bytes,
+                                              max_refund=settings.max_refund_amount))
+        except InvalidMessage as exc:
+            report.dead_lettered_again[exc.reason.value] += 1
+    report.messages += len(msgs)
+    ids = list({a.transaction_id for a in valid})
+    async with conn.transaction(isolation="repeatable_read", readonly=True):
+        stored = {r["txn_id"]: r for r in await conn.fetch(_DECIDE_AGAIN, ids)}
+        missing = [i for i in ids if i not in stored]
+        in_ledger = {r["txn_id"] for r in await conn.fetch(_LEDGER_ONLY, missing)}
+        undecided: dict[str, Authorization] = {}
+        for auth in valid:
+            key = auth.transaction_id
+            row = stored.get(key)
+            first = report.undecided_fingerprints.get(key)
+            if (row is not None and row["fingerprint"] != auth.fingerprint) or \
+                    (first is not None and first != auth.fingerprint):
+                report.dead_lettered_again["IDEMPOTENCY_KEY_CONFLICT"] += 1
+            elif not report.first_time(key):
+                continue  # the same transaction again: a duplicate, compared once
+            elif row is not None:
+                report.add_decided(key, Decision(row["result"], row["decline_reason"]),
+                                   Decision.of(row["now"]) if row["now"] else None,
+                                   row["rule_version"])
+            elif key in in_ledger:
+                report.ledger_only.append(key)
+            else:
+                undecided[key] = auth
+                report.undecided_fingerprints[key] = auth.fingerprint
+        if undecided:
+            auths = list(undecided.values())
+            outcomes = await conn.fetch(
+                _DECIDE_NOW, [a.account_id for a in auths],
+                [Decimal(a.amount_text) for a in auths], [a.currency for a in auths],
+                [a.authorization_type.value for a in auths])
+            for auth, row in zip(auths, outcomes, strict=True):
+                report.would_decide.setdefault(Decision.of(row[0]), []).append(
+                    auth.transaction_id)
+
+
+async def classify_transactions(conn: asyncpg.Connection, report: ShadowReport,
+                                transaction_ids: Sequence[str]) -> None:
+    """The list-of-ids mode: no topic read; an id never decided is listed as unknown."""
+    ids = list(dict.fromkeys(transaction_ids))
+    async with conn.transaction(isolation="repeatable_read", readonly=True):
+        stored = {r["txn_id"]: r for r in await conn.fetch(_DECIDE_AGAIN, ids)}
+        in_ledger = {r["txn_id"] for r in await conn.fetch(
+            _LEDGER_ONLY, [i for i in ids if i not in stored])}
+    for key in ids:
+        report.first_time(key)
+        row = stored.get(key)
+        if row is not None:
+            report.add_decided(key, Decision(row["result"], row["decline_reason"]),
+                               Decision.of(row["now"]) if row["now"] else None,
+                               row["rule_version"])
+        elif key in in_ledger:
+            report.ledger_only.append(key)
+        else:
+            report.unknown.append(key)
+
+
+async def shadow(settings: Settings, *, ranges: Sequence[OffsetRange] | None = None,
+                 transaction_ids: Sequence[str] | None = None) -> ShadowReport:
+    conn = await asyncpg.connect(settings.database_url.get_secret_value(), timeout=10)
+    try:
+        rule = await rule_version_now(conn)
+        if transaction_ids is not None:
+            report = ShadowReport(f"{len(transaction_ids)} transaction id(s)", rule)
+            await classify_transactions(conn, report, transaction_ids)
+            return report
+        assert ranges is not None
+        report = ShadowReport(
+            f"{settings.input_topic} (partition: offsets {'; '.join(map(str, ranges))})", rule)
+        for chunk in read_range(settings, ranges):
+            await classify_messages(conn, report, chunk, settings)
+        return report
+    finally:
+        await conn.close()
