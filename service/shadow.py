@@ -229,8 +229,8 @@ async def shadow(settings: Settings, *, ranges: Sequence[OffsetRange] | None = N
             await classify_transactions(conn, report, transaction_ids)
             return report
         assert ranges is not None
-        report = ShadowReport(
-            f"{settings.input_topic} (partition: offsets {'; '.join(map(str, ranges))})", rule)
+        report = ShadowReport(f"{settings.input_topic}, partition: offsets " + (", ".join(
+            str(r) for r in ranges if r.end > r.start) or "none"), rule)
         for chunk in read_range(settings, ranges):
             await classify_messages(conn, report, chunk, settings)
         return report

@@ -90,7 +90,8 @@ class ShadowReport:
     def render(self) -> str:
         versions = ", ".join(f"{v} ({n})" for v, n in self.rule_versions.most_common())
         lines = [
-            f"shadow replay of {self.source}: nothing is written",
+            "shadow replay (nothing is written)",
+            f"read: {self.source}",
             f"rule now: {self.rule_now}; decided under: {versions or 'none recorded'}",
             f"messages read: {self.messages}",
             "",
@@ -125,13 +126,13 @@ class ShadowReport:
         parts = []
         if self.changed:
             parts.append(f"{self.changed_count} stored decision(s) differ from what the rule "
-                         "decides now; a replay keeps stored results, so each needs a person "
-                         "(reverse, re-authorize, tell the customer)")
+                         "decides now.\nA replay keeps stored results: each needs a person "
+                         "(reverse, re-authorize, tell the customer).")
         if self.would_decide:
-            parts.append(f"a replay would decide {sum(map(len, self.would_decide.values()))} "
-                         "message(s) never decided (decide now: each alone against its account "
-                         "as it is now)")
-        return "; ".join(parts)
+            parts.append(f"A replay would decide {sum(map(len, self.would_decide.values()))} "
+                         "message(s) never decided\n(decide now: each alone against its "
+                         "account as it is now).")
+        return "\n".join(parts)
 
     def as_json(self) -> dict[str, Any]:
         return {

@@ -2,13 +2,14 @@
 
 One batch of new authorizations is one statement, one round trip, committed on its own:
 ``SELECT … FROM payauth_authorize(arrays, one element per authorization in offset order)``
-(migrations/004_authorize_function.sql). Inside it:
+(migrations 004 and 007). Inside it:
 
     SELECT … FROM accounts WHERE account_id = ANY(…) ORDER BY account_id FOR UPDATE
         -- lock the accounts (sorted, so two batches lock in the same order), read balances;
-        -- decide each authorization in offset order against them (the one place the
-        -- rules live; tests hold it to a Python model, tests/support/oracle.py)
+        -- decide each authorization in offset order against them with payauth_decide (the
+        -- one place the rule lives; tests hold it to a Python model, tests/support/oracle.py)
     WITH claimed AS (INSERT INTO processed_transactions … ON CONFLICT (txn_id) DO NOTHING),
+                 -- with the inputs each decision read, for payauth replay --shadow
          ledger  AS (INSERT INTO ledger_entries …),
          moved   AS (UPDATE accounts SET balance = balance + delta …)
 
@@ -84,7 +85,7 @@ SELECT l.txn_id, NULL, 'APPROVED', NULL, l.account_id, abs(l.amount)::text, l.cu
 """
 
 # Locks, decides and writes the batch, and commits on its own: one round trip
-# (migrations/004_authorize_function.sql). Raises SQLSTATE PA409 when a claim was lost.
+# (migrations 004 and 007). Raises SQLSTATE PA409 when a claim was lost.
 # Public: the benchmark measures this very statement with pgbench.
 AUTHORIZE_STATEMENT = """
 SELECT result, decline_reason

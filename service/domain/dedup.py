@@ -2,7 +2,7 @@
 records already stored and each other. Pure functions over values.
 
 Whether a new one is approved or declined is decided in one place only, the SQL function
-``payauth_authorize`` (``migrations/004_authorize_function.sql``).
+``payauth_decide`` (``migrations/007_decision_inputs.sql``), which ``payauth_authorize`` calls.
 """
 
 from __future__ import annotations

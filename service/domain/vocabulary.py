@@ -1,7 +1,7 @@
 """The words payauth and its database share, defined once.
 
-The decision itself lives in one place, the SQL function ``payauth_authorize``
-(``migrations/004_authorize_function.sql``); the schema's CHECKs bound what may be stored.
+The decision itself lives in one place, the SQL function ``payauth_decide``
+(``migrations/007_decision_inputs.sql``); the schema's CHECKs bound what may be stored.
 Both spell these values as SQL literals: ``tests/unit/test_vocabulary.py`` reads the
 migrations and holds every literal and CHECK to this module, so a value added or renamed
 on one side only fails a test.

@@ -59,7 +59,7 @@ def test_a_message_never_decided_that_a_replay_would_decide_is_a_change() -> Non
     report = ShadowReport("t", "new")
     report.would_decide.setdefault(APPROVED, []).append("NEW-1")
     assert report.would_change
-    assert "a replay would decide 1 message(s)" in report.render()
+    assert "A replay would decide 1 message(s)" in report.render()
 
 
 def test_the_screen_shows_a_few_ids_and_the_json_all_of_them() -> None:
