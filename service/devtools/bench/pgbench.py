@@ -1,0 +1,57 @@
+"""pgbench of the worker's own statement (``service.adapters.postgres.AUTHORIZE_STATEMENT``):
+what the database alone can do with it, the ceiling the worker is held against.
+
+``script(batch)`` writes the statement for ``batch`` authorizations a call on random
+accounts of the benchmark's world, with pgbench variables in place of the bind parameters;
+``tps(dsn, script, clients, seconds)`` runs it and returns calls per second.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+from service.adapters import postgres as sql
+
+
+def script(batch: int, accounts: int) -> str:
+    """One call of the statement with ``batch`` authorizations of 1.00 EUR on accounts
+    ``BA-00000`` … drawn at random (the arrays are built by the server: a few µs a row)."""
+    rows = f"generate_series(1, {batch})"
+    values = {
+        1: f"ARRAY(SELECT 'pgb-' || :client_id || '-' || :n || '-' || g FROM {rows} g)",
+        2: f"ARRAY(SELECT 'BA-' || lpad(floor(random() * {accounts})::int::text, 5, '0') "
+           f"FROM {rows})",
+        3: f"array_fill(1.00::numeric, ARRAY[{batch}])",
+        4: f"array_fill('EUR'::text, ARRAY[{batch}])",
+        5: f"array_fill('PURCHASE'::text, ARRAY[{batch}])",
+        6: f"array_fill('fp'::text, ARRAY[{batch}])",
+        7: f"array_fill('corr'::text, ARRAY[{batch}])",
+        8: f"array_fill('msg'::text, ARRAY[{batch}])",
+        9: f"array_fill(0, ARRAY[{batch}])",
+        10: f"array_fill(0::bigint, ARRAY[{batch}])",
+        11: "now()", 12: "'pgbench'", 13: "gen_random_uuid()",
+    }
+    statement = sql.AUTHORIZE_STATEMENT
+    for number in sorted(values, reverse=True):  # $13 before $1
+        statement = statement.replace(f"${number}", values[number])
+    return "\n".join(["\\set n random(1, 2000000000)", " ".join(statement.split()) + ";", ""])
+
+
+def tps(dsn: str, script_file: Path, *, clients: int, seconds: int) -> float:
+    """Calls per second of the script, ``clients`` connections at once."""
+    rest = dsn.split("://", 1)[1]
+    hostport, db = rest.split("/", 1)
+    user = hostport.split("@")[0] if "@" in hostport else None
+    hostport = hostport.split("@")[-1]
+    host, port = hostport.rsplit(":", 1) if ":" in hostport else (hostport, "5432")
+    cmd = ["pgbench", "-n", "-M", "prepared", "-c", str(clients), "-j", str(min(clients, 2)),
+           "-T", str(seconds), "-f", str(script_file), "-h", host, "-p", port, db]
+    if user:
+        cmd += ["-U", user.split(":")[0]]
+    result = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    found = re.search(r"tps = ([\d.]+)", result.stdout)
+    if found is None:
+        raise RuntimeError(f"pgbench printed no tps:\n{result.stdout}\n{result.stderr}")
+    return float(found.group(1))
