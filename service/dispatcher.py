@@ -9,7 +9,12 @@ waits with another's work. The processor runs the commit order (``service/pipeli
 reporting offsets included; here, only scheduling.
 
 Under light load a batch is whatever arrived since the last one (low latency); under heavy
-load batches grow by themselves (high throughput).
+load batches grow by themselves (high throughput). A second batch starts while one is in
+flight only once ``overlap_from`` messages wait: under a steady load, overlapping batches
+of a few messages each cost more CPU per message (every batch pays its round trips and its
+Kafka requests) than they save in waiting, and on a busy machine that CPU is latency. (One
+worker at 1,500 auth/s on 2 cores: batches of 9 messages with three in flight, 27 with one;
+CPU per authorization, worker + PostgreSQL, 676 → 477 µs; p99 101 → 70 ms.)
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ class Dispatcher:
         max_batch: int,
         close_timeout: float,
         max_in_flight: int = 2,
+        overlap_from: int = 1,
     ) -> None:
         self._processor = processor
         # Where the processor reported a partition finished (it reports as it goes, e.g.
@@ -49,6 +55,7 @@ class Dispatcher:
         self._max_batch = max_batch
         self._close_timeout = close_timeout
         self._max_in_flight = max_in_flight
+        self._overlap_from = overlap_from
         self._pending: dict[TP, deque[Any]] = {}
         self._busy: set[TP] = set()  # partitions with a batch in flight
         # Each batch in flight: its partitions and its messages (to put back if cancelled).
@@ -127,11 +134,17 @@ class Dispatcher:
     # -------------------------------------------------------------- batching
     def _start_batches(self) -> None:
         while len(self._batches) < self._max_in_flight:
+            if self._batches and self._waiting() < self._overlap_from:
+                return  # the batch in flight finishes first; the next one is larger
             batch, parts = self._take()
             if not batch:
                 return
             task = asyncio.create_task(self._run(batch, parts), name="batch")
             self._batches[task] = (parts, batch)
+
+    def _waiting(self) -> int:
+        """Messages a new batch could take now (on partitions with no batch in flight)."""
+        return sum(len(q) for tp, q in self._pending.items() if tp not in self._busy)
 
     def _take(self) -> tuple[list[Any], list[TP]]:
         ready = [tp for tp, q in self._pending.items() if q and tp not in self._busy]

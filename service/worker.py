@@ -119,6 +119,8 @@ async def run_worker(settings: Settings, wiring: Wiring | None = None) -> int:
         max_batch=settings.max_batch_size,
         close_timeout=settings.shutdown_timeout_seconds * 0.8,
         max_in_flight=settings.max_concurrent_batches,
+        # A second batch only for a backlog: a quarter of a full batch waiting.
+        overlap_from=max(1, settings.max_batch_size // 4),
     )
     consumer = ConsumerThread(settings, Handoff(loop, dispatcher), tracker, health)
     await processor.refresh_replay_marks(settings.group_id, settings.input_topic)

@@ -193,3 +193,26 @@ async def test_a_cancelled_batch_gives_back_only_what_was_not_reported_finished(
     await dispatcher.revoke([("t", 0)], lost=False)
     await processor.until_done(2)
     assert [(m.p, m.off) for m in processor.done] == [(2, 0), (1, 2)]
+
+
+async def test_a_second_batch_starts_only_once_enough_messages_wait() -> None:
+    release = asyncio.Event()
+
+    async def hang() -> None:
+        await release.wait()
+
+    processor = Processor(first=hang)
+    dispatcher = Dispatcher(processor, max_batch=100, close_timeout=1, max_in_flight=3,
+                            overlap_from=10)
+    dispatcher.submit(("t", 0), [Msg(0, 0)])
+    await processor.started.wait()  # the first batch is in flight, hanging
+    for i in range(9):  # light load: they wait for the batch in flight, then go as one
+        dispatcher.submit(("t", 1 + i % 3), [Msg(1 + i % 3, i // 3)])
+        await asyncio.sleep(0)
+    assert processor.calls == 1
+    dispatcher.submit(("t", 4), [Msg(4, 0)])  # ten waiting: a backlog, overlap
+    await processor.until_done(10)
+    assert processor.calls == 2 and len(processor.batches[0]) == 10
+    release.set()
+    await processor.until_done(11)
+    await dispatcher.drain()

@@ -52,7 +52,7 @@ class PacedLoad:
         # so the first events are not measured late.
         self._consumer = Consumer({"bootstrap.servers": bootstrap,
                                    "group.id": f"lat-reader-{name}",
-                                   "enable.auto.commit": False, "fetch.wait.max.ms": 5})
+                                   "enable.auto.commit": False})
         self._consumer.assign([TopicPartition(output, p, OFFSET_END)
                                for p in range(partitions)])
         self._reader = threading.Thread(target=self._receive, daemon=True)

@@ -28,21 +28,21 @@ def draw(results: dict[str, Any], path: Path) -> None:
                 color="tab:blue", label="Kafka floor p99 (bare relay)")
         ax.plot([p["rate_per_s"] for p in floor], [p["p50_ms"] for p in floor], "s--",
                 color="tab:blue", alpha=0.5, label="Kafka floor p50")
+    ax.set_yscale("log")
     ax.axhline(100, color="grey", linewidth=0.8, linestyle=":")
     ax.annotate("p99 bound 100 ms", (rates[0] if rates else 0, 100), fontsize=8,
                 color="grey", xytext=(0, 3), textcoords="offset points")
     sustainable = results.get("sustainable_auth_per_s")
     if sustainable:
         ax.axvline(sustainable, color="tab:green", linewidth=1)
-        ax.annotate(f"sustainable {sustainable:,.0f}/s", (sustainable, ax.get_ylim()[0]),
-                    fontsize=8, color="tab:green", rotation=90, xytext=(3, 10),
-                    textcoords="offset points")
+        ax.text(sustainable, 0.03, f" sustainable {sustainable:,.0f}/s", fontsize=8,
+                color="tab:green", rotation=90, va="bottom",
+                transform=ax.get_xaxis_transform())
     backlog = results.get("new_auth_per_s")
     if backlog:
         ax.axvline(backlog, color="black", linewidth=0.8, linestyle="--")
-        ax.annotate(f"backlog {backlog:,.0f}/s", (backlog, ax.get_ylim()[0]), fontsize=8,
-                    rotation=90, xytext=(3, 10), textcoords="offset points")
-    ax.set_yscale("log")
+        ax.text(backlog, 0.03, f" backlog {backlog:,.0f}/s", fontsize=8, rotation=90,
+                va="bottom", transform=ax.get_xaxis_transform())
     ax.set_xlabel("steady rate (authorizations/s)")
     ax.set_ylabel("produce → result event (ms)")
     machine = results.get("machine", {})
