@@ -3,20 +3,26 @@ run on the same machine (absolute numbers on a shared 2-core machine mean little
 
 Over 400 lines: one phase after another over one shared fresh world (database, topics,
 accounts); read top to bottom, it is the report's table in order. (The naive baseline, the
-scratch world and the worker processes live in modules of their own.)
+paced load, the relay, pgbench, the picture, the scratch world and the worker processes
+live in modules of their own.)
 
 Phases, each on its own topic/group in one fresh database with 10,000 accounts:
-  pgbench     the worker's own statement for one authorization, 8 clients (the database's
-              limit for it, one commit per authorization)
+  pgbench     the worker's own statement for one authorization, 8 clients (one commit per
+              authorization: the baseline batching beats)
   raw         a bare confluent-kafka consumer over the input topic (Kafka's limit)
   new         one worker over a backlog of new authorizations, 12 partitions
   replay      the same backlog again after `payauth replay --to-earliest`: all duplicates
               (three times; the median counts)
+  db limit    pgbench of the worker's statement with batches of the size the worker formed
+              over the backlog, as many clients as it keeps batches in flight (``pgbench.py``)
   hot         every authorization on one account
   latency     paced at 70 % of `new` after a warm-up: produce → result event, p50/p99; then
-              50 % and 25 % (the latency curve)
+              50 % and 25 % (the curve); then the sustainable rate, the highest whose p99
+              stays within 100 ms over the window (``paced.py``)
+  floor       the same paced loads through a bare relay (``relay.py``): Kafka's own latency
   naive       the seed's flow, message by message (the baseline to beat)
-and then `payauth verify`. Writes JSON to $BENCH_OUT (default .bench/results.json).
+and then `payauth verify`. Writes JSON to $BENCH_OUT (default .bench/results.json) and
+``latency.png`` beside it (``plot.py``).
 
     BENCH_MODE=smoke  a small, quick run that only keeps the benchmark working (CI)
 """
