@@ -10,7 +10,7 @@ from decimal import Decimal
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.domain.vocabulary import DEFAULT_MAX_REFUND
@@ -63,6 +63,12 @@ class Settings(BaseSettings):
     lock_timeout_ms: int = Field(default=5_000, ge=100)
     redis_url: SecretStr = SecretStr("redis://localhost:6379/0")
     redis_timeout_seconds: float = Field(default=0.5, gt=0)
+    # Redis behind Sentinel: the Sentinels (host:port, comma-separated) name the master of
+    # redis_sentinel_master; the worker follows a failover without a restart. The master's
+    # password and database number come from redis_url (its host is then not used).
+    redis_sentinels: str = ""
+    redis_sentinel_master: str = Field(default="", validate_default=True)
+    redis_sentinel_password: SecretStr = SecretStr("")  # the Sentinels' own, if they ask
     dedup_ttl_seconds: int = Field(default=86_400, ge=1)
     dedup_retention_hours: int = Field(default=72, ge=1)
     # In-worker retention: every replica tries, an advisory lock lets one purge at a time.
@@ -125,6 +131,31 @@ class Settings(BaseSettings):
             hosts = urlsplit(url).netloc.rpartition("@")[2]
             _check_port(hosts.rpartition("]")[2] if hosts.startswith("[") else hosts)
         return value
+
+    @field_validator("redis_sentinels")
+    @classmethod
+    def _sentinels(cls, value: str) -> str:
+        for host_port in filter(None, (h.strip() for h in value.split(","))):
+            host, colon, _ = host_port.rpartition(":")
+            if not colon or not host:
+                raise ValueError("must be host:port[,host:port…]")
+            _check_port(host_port)
+        return value
+
+    @field_validator("redis_sentinel_master")
+    @classmethod
+    def _sentinel_master_named(cls, value: str, info: ValidationInfo) -> str:
+        if str(info.data.get("redis_sentinels", "")).strip() and not value:
+            raise ValueError("must name the master the Sentinels watch when "
+                             "PAYAUTH_REDIS_SENTINELS is set")
+        return value
+
+    def sentinel_addresses(self) -> list[tuple[str, int]]:
+        out = []
+        for host_port in filter(None, (h.strip() for h in self.redis_sentinels.split(","))):
+            host, _, port = host_port.rpartition(":")
+            out.append((host.strip("[]"), int(port)))
+        return out
 
     def instance_id(self) -> str:
         return self.group_instance_id or socket.gethostname()

@@ -94,11 +94,7 @@ async def run_worker(settings: Settings, wiring: Wiring | None = None) -> int:
         http.shutdown()
         return 0
     health.postgres_ok = True
-    cache = RedisDedupCache.from_url(
-        settings.redis_url.get_secret_value(),
-        ttl_seconds=settings.dedup_ttl_seconds,
-        timeout_seconds=settings.redis_timeout_seconds,
-    )
+    cache = _redis_cache(settings)
     metrics.redis_up.set(1 if await cache.ping() else 0)
     publisher = KafkaPublisher(Producer(producer_config(settings)), loop)
     tracker = OffsetTracker()
@@ -176,6 +172,20 @@ async def run_worker(settings: Settings, wiring: Wiring | None = None) -> int:
         http.shutdown()
         log.info("worker_stopped", exit_code=exit_code)
     return exit_code
+
+
+def _redis_cache(settings: Settings) -> RedisDedupCache:
+    """The fast path: one Redis by URL, or the master that Sentinels name."""
+    if settings.redis_sentinels.strip():
+        return RedisDedupCache.from_sentinels(
+            settings.sentinel_addresses(), settings.redis_sentinel_master,
+            settings.redis_url.get_secret_value(),
+            sentinel_password=settings.redis_sentinel_password.get_secret_value(),
+            ttl_seconds=settings.dedup_ttl_seconds,
+            timeout_seconds=settings.redis_timeout_seconds)
+    return RedisDedupCache.from_url(settings.redis_url.get_secret_value(),
+                                    ttl_seconds=settings.dedup_ttl_seconds,
+                                    timeout_seconds=settings.redis_timeout_seconds)
 
 
 def _tune_garbage_collector() -> None:

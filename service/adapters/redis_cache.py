@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
 import structlog
+from redis.asyncio.sentinel import Sentinel
 from redis.exceptions import RedisError
 
 log = structlog.get_logger(__name__)
@@ -83,6 +85,29 @@ class RedisDedupCache:
             socket_connect_timeout=timeout_seconds,
             decode_responses=True,
             health_check_interval=30,
+        )
+        return cls(client, ttl_seconds=ttl_seconds)
+
+    @classmethod
+    def from_sentinels(cls, sentinels: list[tuple[str, int]], master: str, url: str, *,
+                       sentinel_password: str, ttl_seconds: int,
+                       timeout_seconds: float) -> RedisDedupCache:
+        """The master the Sentinels name, found again after a failover: redis-py's
+        Sentinel connection pool asks them on every new connection, and a connection to a
+        demoted master fails and is replaced. Password and database from ``url``."""
+        parts = urlsplit(url)
+        database = int(parts.path.lstrip("/") or 0)
+        sentinel = Sentinel(  # type: ignore[no-untyped-call]  # redis-py leaves it bare
+            sentinels, socket_timeout=timeout_seconds,
+            sentinel_kwargs={"password": sentinel_password or None,
+                             "socket_timeout": timeout_seconds,
+                             "socket_connect_timeout": timeout_seconds},
+        )
+        client = sentinel.master_for(
+            master, password=parts.password, username=parts.username, db=database,
+            socket_timeout=timeout_seconds, socket_connect_timeout=timeout_seconds,
+            decode_responses=True, health_check_interval=30,
+            ssl=parts.scheme == "rediss",
         )
         return cls(client, ttl_seconds=ttl_seconds)
 

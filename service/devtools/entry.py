@@ -14,6 +14,7 @@ from service.devtools.faults import (
     FaultyCache,
     FaultyPublisher,
     FaultyStore,
+    LostReplyOnceStore,
     RollbackOnceStore,
 )
 from service.ports import Cache, Publisher, Store
@@ -31,7 +32,9 @@ def faulty_wiring(point: str, unsafe_ordering: str) -> Wiring:
         return FaultyPublisher(inner, point)
 
     return Wiring(
-        store_class=RollbackOnceStore if point == "rollback_once" else Wiring.store_class,
+        store_class={"rollback_once": RollbackOnceStore,
+                     "connection_lost_after_commit": LostReplyOnceStore}.get(
+                         point, Wiring.store_class),
         wrap_store=store, wrap_cache=cache, wrap_publisher=publisher,
     )
 

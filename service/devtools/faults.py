@@ -7,7 +7,10 @@ entry point (``service/devtools/entry.py``) installs; production code has no fau
 - ``after_publish``: once Kafka acknowledged a batch's events, before its offsets are stored;
 - ``after_redis_set``: once the fast path was written;
 - ``rollback_once``: not a kill: the first authorize call is rolled back after its writes,
-  as a failing COMMIT would (the batch is retried).
+  as a failing COMMIT would (the batch is retried);
+- ``connection_lost_after_commit``: not a kill: the first authorize call commits, then its
+  connection is closed before the reply is read, as a network cut or a failover would
+  leave it (the outcome is unknown to the worker; the retry must find it out).
 
 ``PAYAUTH_TEST_UNSAFE_ORDERING=redis_before_commit`` is the deliberately WRONG commit order,
 for the checker's negative control: the fast path is written before the database COMMIT.
@@ -31,7 +34,7 @@ from service.domain.messages import Authorization
 from service.ports import Cache, Publisher, Record, Sighting, Store
 
 POINTS = ("before_db_commit", "after_db_commit", "after_publish", "after_redis_set",
-          "rollback_once")
+          "rollback_once", "connection_lost_after_commit")
 
 
 def kill_at(point: str, armed: str) -> None:
@@ -58,6 +61,26 @@ class RollbackOnceStore(PostgresStore):
             await conn.fetch(AUTHORIZE_STATEMENT, *args)
             self._rolled_back = True
             raise PlannedRollback("rolled back on purpose after the writes")
+
+
+class LostReplyOnceStore(PostgresStore):
+    """The first authorize call commits (autocommit), then its connection is closed under
+    it before the worker uses the reply: asyncpg raises what it raises for a connection
+    gone in the middle of an operation."""
+
+    _lost = False  # per instance once set
+
+    async def _call_authorize(self, args: tuple[Any, ...]) -> list[asyncpg.Record]:
+        if self._lost:
+            return await super()._call_authorize(args)
+        async with self._pool.acquire() as conn:
+            await conn.fetch(AUTHORIZE_STATEMENT, *args)
+            self._lost = True
+            sys.stderr.write('{"event": "fault_injected", "point": '
+                             '"connection_lost_after_commit"}\n')
+            conn.terminate()
+            raise asyncpg.ConnectionDoesNotExistError(
+                "connection was closed in the middle of operation")
 
 
 class FaultyStore:

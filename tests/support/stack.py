@@ -259,18 +259,38 @@ async def seed_accounts(dsn: str, accounts: Iterable[tuple[str, Decimal | str, s
         await conn.close()
 
 
-def redis_server(port: int, directory: Path) -> subprocess.Popen[bytes]:
-    """A private redis-server the test may stop and start at will."""
+def redis_server(port: int, directory: Path, *extra: str) -> subprocess.Popen[bytes]:
+    """A private redis-server the test may stop and start at will (``extra``: more options,
+    e.g. ``--replicaof 127.0.0.1 PORT``)."""
     proc = subprocess.Popen(
         ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--dir", str(directory)],
+         "--appendonly", "no", "--dir", str(directory), *extra],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
+    return _listening(proc, port)
+
+
+def redis_sentinel(port: int, master: str, master_port: int,
+                   directory: Path) -> subprocess.Popen[bytes]:
+    """A Sentinel (redis-server in sentinel mode) watching ``master``; it rewrites its own
+    configuration file, so each gets one. Quick to act: down after 1 s."""
+    config = directory / f"sentinel-{port}.conf"
+    config.write_text(
+        f"port {port}\nbind 127.0.0.1\ndir {directory}\n"
+        f"sentinel monitor {master} 127.0.0.1 {master_port} 2\n"
+        f"sentinel down-after-milliseconds {master} 1000\n"
+        f"sentinel failover-timeout {master} 5000\n")
+    proc = subprocess.Popen(["redis-server", str(config), "--sentinel"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return _listening(proc, port)
+
+
+def _listening(proc: subprocess.Popen[bytes], port: int) -> subprocess.Popen[bytes]:
     deadline = time.monotonic() + 10
     while not port_open("127.0.0.1", port):
         if time.monotonic() > deadline:
             proc.kill()
-            raise RuntimeError("redis-server did not start")
+            raise RuntimeError(f"redis-server on port {port} did not start")
         time.sleep(0.05)
     return proc
 

@@ -1,0 +1,41 @@
+"""Redis Sentinel settings: read as the worker needs them, refused in one line when wrong."""
+
+from __future__ import annotations
+
+import pytest
+
+from service.config import ConfigError, load_settings
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for key in list(os.environ):
+        if key.startswith("PAYAUTH_"):
+            monkeypatch.delenv(key)
+
+
+def test_sentinels_are_read_as_addresses(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PAYAUTH_REDIS_SENTINELS", "s1.example:26379, [::1]:26380,10.0.0.3:26381")
+    monkeypatch.setenv("PAYAUTH_REDIS_SENTINEL_MASTER", "payauth")
+    settings = load_settings()
+    assert settings.sentinel_addresses() == [("s1.example", 26379), ("::1", 26380),
+                                             ("10.0.0.3", 26381)]
+    assert load_settings(redis_sentinels="").sentinel_addresses() == []
+
+
+@pytest.mark.parametrize(("variables", "named"), [
+    ({"PAYAUTH_REDIS_SENTINELS": "s1:26379"}, "PAYAUTH_REDIS_SENTINEL_MASTER"),
+    ({"PAYAUTH_REDIS_SENTINELS": "s1", "PAYAUTH_REDIS_SENTINEL_MASTER": "m"},
+     "PAYAUTH_REDIS_SENTINELS"),
+    ({"PAYAUTH_REDIS_SENTINELS": "s1:99999", "PAYAUTH_REDIS_SENTINEL_MASTER": "m"},
+     "PAYAUTH_REDIS_SENTINELS"),
+])
+def test_a_bad_sentinel_setting_is_one_line(monkeypatch: pytest.MonkeyPatch,
+                                            variables: dict[str, str], named: str) -> None:
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=named) as caught:
+        load_settings()
+    assert "\n" not in str(caught.value)
