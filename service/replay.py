@@ -85,13 +85,7 @@ def build_plan(
                          "enable.auto.commit": False})
     try:
         topic = settings.input_topic
-        metadata = consumer.list_topics(topic, timeout=10).topics.get(topic)
-        if metadata is None or metadata.error is not None:
-            raise ReplayRefused(f"topic {topic} does not exist")
-        wanted = sorted(metadata.partitions) if partitions is None else sorted(partitions)
-        unknown = set(wanted) - set(metadata.partitions)
-        if unknown:
-            raise ReplayRefused(f"topic {topic} has no partition {sorted(unknown)}")
+        wanted = partitions_of(consumer, topic, partitions)
         tps = [TopicPartition(topic, p) for p in wanted]
         committed = committed_offsets(consumer, tps)
         watermarks = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
@@ -130,6 +124,18 @@ def build_plan(
         return plans
     finally:
         consumer.close()
+
+
+def partitions_of(consumer: Consumer, topic: str, partitions: list[int] | None) -> list[int]:
+    """The partitions asked for (all when None), each checked to exist."""
+    metadata = consumer.list_topics(topic, timeout=10).topics.get(topic)
+    if metadata is None or metadata.error is not None:
+        raise ReplayRefused(f"topic {topic} does not exist")
+    wanted = sorted(metadata.partitions) if partitions is None else sorted(partitions)
+    unknown = set(wanted) - set(metadata.partitions)
+    if unknown:
+        raise ReplayRefused(f"topic {topic} has no partition {sorted(unknown)}")
+    return wanted
 
 
 def _timestamp_at(settings: Settings, partition: int, offset: int, high: int) -> datetime | None:

@@ -28,7 +28,7 @@ from service.adapters.kafka.config import client_config
 from service.config import Settings
 from service.domain.errors import InvalidMessage
 from service.domain.messages import Authorization, decode_authorization
-from service.replay import PartitionPlan, ReplayRefused
+from service.replay import PartitionPlan, ReplayRefused, partitions_of
 from service.shadow_report import Decision, ShadowReport
 
 _CHUNK = 2_000  # messages classified per database round trip
@@ -83,15 +83,8 @@ def ranges_of_offsets(settings: Settings, from_offset: int | None, to_offset: in
                          "enable.auto.commit": False})
     try:
         topic = settings.input_topic
-        metadata = consumer.list_topics(topic, timeout=10).topics.get(topic)
-        if metadata is None or metadata.error is not None:
-            raise ReplayRefused(f"topic {topic} does not exist")
-        wanted = sorted(metadata.partitions) if partitions is None else sorted(partitions)
-        unknown = set(wanted) - set(metadata.partitions)
-        if unknown:
-            raise ReplayRefused(f"topic {topic} has no partition {sorted(unknown)}")
         out = []
-        for p in wanted:
+        for p in partitions_of(consumer, topic, partitions):
             low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
             start = max(low, from_offset if from_offset is not None else low)
             end = min(high, to_offset + 1 if to_offset is not None else high)
@@ -179,9 +172,7 @@ async def classify_messages(conn: asyncpg.Connection, report: ShadowReport,
             elif not report.first_time(key):
                 continue  # the same transaction again: a duplicate, compared once
             elif row is not None:
-                report.add_decided(key, Decision(row["result"], row["decline_reason"]),
-                                   Decision.of(row["now"]) if row["now"] else None,
-                                   row["rule_version"])
+                _compare(report, key, row)
             elif key in in_ledger:
                 report.ledger_only.append(key)
             else:
@@ -198,6 +189,12 @@ async def classify_messages(conn: asyncpg.Connection, report: ShadowReport,
                     auth.transaction_id)
 
 
+def _compare(report: ShadowReport, transaction_id: str, row: Any) -> None:
+    """A stored decision (a ``_DECIDE_AGAIN`` row) against the rule's answer now."""
+    report.add_decided(transaction_id, Decision(row["result"], row["decline_reason"]),
+                       Decision.of(row["now"]) if row["now"] else None, row["rule_version"])
+
+
 async def classify_transactions(conn: asyncpg.Connection, report: ShadowReport,
                                 transaction_ids: Sequence[str]) -> None:
     """The list-of-ids mode: no topic read; an id never decided is listed as unknown."""
@@ -210,9 +207,7 @@ async def classify_transactions(conn: asyncpg.Connection, report: ShadowReport,
         report.first_time(key)
         row = stored.get(key)
         if row is not None:
-            report.add_decided(key, Decision(row["result"], row["decline_reason"]),
-                               Decision.of(row["now"]) if row["now"] else None,
-                               row["rule_version"])
+            _compare(report, key, row)
         elif key in in_ledger:
             report.ledger_only.append(key)
         else:

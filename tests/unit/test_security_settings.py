@@ -8,14 +8,7 @@ from confluent_kafka import Consumer, Producer
 from service.adapters.kafka.config import consumer_config, producer_config
 from service.config import load_settings
 
-
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    import os
-
-    for key in list(os.environ):
-        if key.startswith("PAYAUTH_"):
-            monkeypatch.delenv(key)
+pytestmark = pytest.mark.usefixtures("clean_payauth_env")
 
 
 def test_scram_over_tls(monkeypatch: pytest.MonkeyPatch) -> None:

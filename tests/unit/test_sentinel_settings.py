@@ -6,14 +6,7 @@ import pytest
 
 from service.config import ConfigError, load_settings
 
-
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    import os
-
-    for key in list(os.environ):
-        if key.startswith("PAYAUTH_"):
-            monkeypatch.delenv(key)
+pytestmark = pytest.mark.usefixtures("clean_payauth_env")
 
 
 def test_sentinels_are_read_as_addresses(monkeypatch: pytest.MonkeyPatch) -> None:
