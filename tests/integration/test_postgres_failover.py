@@ -1,0 +1,122 @@
+"""PostgreSQL failover under a running worker, on real streaming replication: the primary is
+killed (SIGKILL) in the middle of a burst and the standby promoted. The worker, given both
+hosts (``target_session_attrs=read-write``), reconnects to the new primary without a
+restart. With synchronous replication nothing the worker was told committed is lost: every
+published event has its decision on the new primary, each transaction decided and debited
+once. The negative control runs the same failover with the standby behind (asynchronous
+replication, the standby stopped during the burst): the same check must then report the
+decisions the new primary does not have, or it could not see the failure it is for."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+from typing import Any
+
+from tests.support import stack
+from tests.support.factory import auth_message, encode
+from tests.support.pg_pair import Node, remove, replicated_pair
+from tests.support.workers import payauth, wait_caught_up, wait_until
+
+ACCOUNTS = [f"ACC-FO-{i}" for i in range(4)]
+
+
+def _send(env: stack.Env, count: int, tag: str) -> list[str]:
+    ids = [f"FO-{tag}-{uuid.uuid4().hex[:8]}" for _ in range(count)]
+    stack.produce(env.input_topic, [
+        (ACCOUNTS[i % 4].encode(), encode(auth_message(t, account_id=ACCOUNTS[i % 4],
+                                                       amount="1.00")))
+        for i, t in enumerate(ids)])
+    return ids
+
+
+def _decisions_missing_for_events(node: Node, events: list[dict[str, Any]]) -> list[str]:
+    """Transactions with a published result event and no decision in this database: what a
+    failover lost after the worker was told it committed."""
+    published = {e["transaction_id"] for e in events}
+    rows = asyncio.run(node.fetch(
+        "SELECT txn_id FROM processed_transactions WHERE txn_id = ANY($1::text[])",
+        sorted(published)))
+    return sorted(published - {r["txn_id"] for r in rows})
+
+
+def _prepare(primary: Node) -> None:
+    asyncio.run(primary.fetch("CREATE DATABASE payauth", database="postgres"))
+
+
+def _approved(worker: Any) -> float:
+    try:
+        return worker.metrics().get('payauth_messages_total{outcome="approved"}', 0.0)
+    except Exception:
+        return 0.0  # between scrapes of a worker busy reconnecting
+
+
+def _failover(env: stack.Env, spawn_worker: Any, *, synchronous: bool
+              ) -> tuple[Node, Path, list[str], list[dict[str, Any]], Any]:
+    """Run the failover; returns the new primary (still running) and the pair's directory,
+    what was sent, the result events and the worker."""
+    primary, standby, base = replicated_pair(synchronous=synchronous)
+    try:
+        _prepare(primary)
+        assert payauth(env, "migrate", PAYAUTH_DATABASE_URL=primary.dsn("payauth")
+                       ).returncode == 0
+        asyncio.run(stack.seed_accounts(primary.dsn("payauth"),
+                                        [(a, "10000.00", "EUR") for a in ACCOUNTS]))
+        url = (f"postgresql://postgres@{primary.address},{standby.address}/payauth"
+               "?target_session_attrs=read-write")
+        worker = spawn_worker(env, PAYAUTH_DATABASE_URL=url)
+        sent = _send(env, 200, "a")
+        wait_caught_up(env.group_id, env.input_topic, env.partitions)
+        if not synchronous:
+            standby.stop()  # behind: it will miss the whole burst
+        sent += _send(env, 200, "b")
+        # Kill the primary with the burst decided (asynchronous: all of it, so that the loss
+        # is certain) or in the middle of it (synchronous: batches in flight).
+        wait_until(lambda: _approved(worker) >= (400 if not synchronous else 300), 60,
+                   "the burst decided")
+        primary.kill9()
+        if not synchronous:
+            standby.start()
+        standby.promote()
+        sent += _send(env, 100, "c")
+        wait_caught_up(env.group_id, env.input_topic, env.partitions, timeout=180)
+        events = stack.events_of(stack.read_topic(env.output_topic, expect=len(sent)))
+        assert worker.alive(), "the worker must follow the failover, not restart"
+        assert worker.terminate() == 0
+        primary.stop()  # already dead; nothing to stop unless the kill failed
+        return standby, base, sent, events, worker
+    except BaseException:
+        remove(base, primary, standby)
+        raise
+
+
+def test_a_synchronous_standby_promoted_loses_nothing(env, spawn_worker) -> None:
+    new_primary, base, sent, events, worker = _failover(env, spawn_worker, synchronous=True)
+    try:
+        assert _decisions_missing_for_events(new_primary, events) == []
+        assert {e["transaction_id"] for e in events} == set(sent)  # none dropped
+        decided = asyncio.run(new_primary.fetch(
+            "SELECT count(*) AS n, count(DISTINCT txn_id) AS d FROM processed_transactions"))[0]
+        assert (decided["n"], decided["d"]) == (len(sent), len(sent))
+        ledger = asyncio.run(new_primary.fetch(
+            "SELECT count(*) AS n, sum(amount) AS total FROM ledger_entries"))[0]
+        assert (ledger["n"], ledger["total"]) == (len(sent), -len(sent))
+        assert payauth(env, "verify", PAYAUTH_DATABASE_URL=new_primary.dsn("payauth")
+                       ).returncode == 0
+        # It noticed: batches waited for the database, then went on.
+        assert worker.events("batch_retry")
+    finally:
+        remove(base, new_primary)
+
+
+def test_the_check_sees_what_an_asynchronous_failover_loses(env, spawn_worker) -> None:
+    new_primary, base, sent, events, _ = _failover(env, spawn_worker, synchronous=False)
+    try:
+        missing = _decisions_missing_for_events(new_primary, events)
+        # The burst was decided, published and its offsets committed on the old primary,
+        # which the standby never saw: every one of those decisions is gone.
+        burst = {t for t in sent if t.startswith("FO-b-")}
+        assert set(missing) == burst, (len(missing), len(burst))
+    finally:
+        remove(base, new_primary)
