@@ -39,6 +39,15 @@ test-tools: ## install what the tests call besides the stack (promtool), if miss
 stack-status: ## which stack services answer
 	@deploy/local/stack.sh status
 
+ha-up: venv ## the replicated stack: 3 Kafka nodes, pg_auto_failover, Redis Sentinel; writes .stack/ha.env
+	@PYTHON=$(PY) deploy/local/ha.sh up
+
+ha-down: ## stop what ha-up started
+	@deploy/local/ha.sh down
+
+ha-status: venv ## the PostgreSQL primary, the Redis master and each topic's partition leaders
+	@PYTHON=$(PY) deploy/local/ha.sh status
+
 migrate: venv ## apply the database migrations
 	@$(PAYAUTH) migrate
 

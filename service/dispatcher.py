@@ -4,13 +4,16 @@ Messages wait in a queue per partition. A batch takes what is waiting from every
 that has no batch in flight (up to ``max_batch``), so one database transaction, one Redis
 round trip and one wait for Kafka acknowledgements serve many partitions at once; a partition
 is in at most one batch at a time, so its messages are processed in offset order. Up to
-``max_in_flight`` batches run concurrently (on disjoint partitions), overlapping one batch's
-waits with another's work. The processor runs the commit order (``service/pipeline.py``),
-reporting offsets included; here, only scheduling.
+``max_in_flight`` batches run concurrently (on disjoint partitions) under a backlog, or when
+the batch in flight is slow, overlapping one batch's waits with another's work. The
+processor runs the commit order (``service/pipeline.py``), reporting offsets included;
+here, only scheduling.
 
 Under light load a batch is whatever arrived since the last one (low latency); under heavy
 load batches grow by themselves (high throughput). A second batch starts while one is in
-flight only once ``overlap_from`` messages wait: under a steady load, overlapping batches
+flight only once ``overlap_from`` messages wait, or once the batch in flight has run for
+``overlap_after`` seconds (one retrying, or slow to be acknowledged, never holds the other
+partitions back for long): under a steady load, overlapping batches
 of a few messages each cost more CPU per message (every batch pays its round trips and its
 Kafka requests) than they save in waiting, and on a busy machine that CPU is latency. (One
 worker on 2 cores, one run each way: at 1,500 auth/s, batches of 11 messages became 26, CPU
@@ -48,6 +51,7 @@ class Dispatcher:
         close_timeout: float,
         max_in_flight: int = 2,
         overlap_from: int = 1,
+        overlap_after: float = 0.05,
     ) -> None:
         self._processor = processor
         # Where the processor reported a partition finished (it reports as it goes, e.g.
@@ -57,6 +61,9 @@ class Dispatcher:
         self._close_timeout = close_timeout
         self._max_in_flight = max_in_flight
         self._overlap_from = overlap_from
+        self._overlap_after = overlap_after
+        self._started: dict[asyncio.Task[None], float] = {}  # batch → when it started
+        self._recheck: asyncio.TimerHandle | None = None
         self._pending: dict[TP, deque[Any]] = {}
         self._busy: set[TP] = set()  # partitions with a batch in flight
         # Each batch in flight: its partitions and its messages (to put back if cancelled).
@@ -136,12 +143,26 @@ class Dispatcher:
     def _start_batches(self) -> None:
         while len(self._batches) < self._max_in_flight:
             if self._batches and self._waiting() < self._overlap_from:
-                return  # the batch in flight finishes first; the next one is larger
+                youngest = max(self._started.get(t, 0.0) for t in self._batches)
+                wait = youngest + self._overlap_after - time.monotonic()
+                if wait > 0:
+                    # The batch in flight finishes first, and the next one is larger; unless
+                    # it is still running then.
+                    if self._waiting() and self._recheck is None:
+                        self._recheck = asyncio.get_running_loop().call_later(
+                            wait, self._recheck_now)
+                    return
             batch, parts = self._take()
             if not batch:
                 return
             task = asyncio.create_task(self._run(batch, parts), name="batch")
             self._batches[task] = (parts, batch)
+            self._started[task] = time.monotonic()
+
+    def _recheck_now(self) -> None:
+        self._recheck = None
+        if not self._closed:
+            self._start_batches()
 
     def _waiting(self) -> int:
         """Messages a new batch could take now (on partitions with no batch in flight)."""
@@ -191,6 +212,7 @@ class Dispatcher:
         finally:
             # A batch cancelled by revoke() is cleaned up there, after its messages on the
             # partitions we keep are back in their queues (no batch may take them before).
+            self._started.pop(task, None)
             if not task.cancelling():
                 self._busy.difference_update(parts)
                 self._batches.pop(task, None)

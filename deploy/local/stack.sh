@@ -230,6 +230,8 @@ topics_up() {
 }
 
 mkdir -p "$STACK_DIR"
+# Sourced by ha.sh for these functions only.
+if [ "${STACK_FUNCTIONS_ONLY:-}" = 1 ]; then return 0; fi
 case "${1:-}" in
   up) postgres_up; redis_up; kafka_up; topics_up; step "stack is up" ;;
   down) kafka_down; redis_down; postgres_down; step "stack is down" ;;

@@ -195,7 +195,8 @@ async def test_a_cancelled_batch_gives_back_only_what_was_not_reported_finished(
     assert [(m.p, m.off) for m in processor.done] == [(2, 0), (1, 2)]
 
 
-async def test_a_second_batch_starts_only_once_enough_messages_wait() -> None:
+async def _hanging_first_batch(overlap_from: int, overlap_after: float
+                               ) -> tuple[Processor, Dispatcher, asyncio.Event]:
     release = asyncio.Event()
 
     async def hang() -> None:
@@ -203,16 +204,44 @@ async def test_a_second_batch_starts_only_once_enough_messages_wait() -> None:
 
     processor = Processor(first=hang)
     dispatcher = Dispatcher(processor, max_batch=100, close_timeout=1, max_in_flight=3,
-                            overlap_from=10)
+                            overlap_from=overlap_from, overlap_after=overlap_after)
     dispatcher.submit(("t", 0), [Msg(0, 0)])
     await processor.started.wait()  # the first batch is in flight, hanging
-    for i in range(9):  # light load: they wait for the batch in flight, then go as one
+    return processor, dispatcher, release
+
+
+async def _nine_waiting(dispatcher: Dispatcher) -> None:
+    for i in range(9):
         dispatcher.submit(("t", 1 + i % 3), [Msg(1 + i % 3, i // 3)])
         await asyncio.sleep(0)
+
+
+async def test_under_light_load_the_next_batch_waits_and_goes_as_one() -> None:
+    processor, dispatcher, release = await _hanging_first_batch(10, overlap_after=60)
+    await _nine_waiting(dispatcher)
     assert processor.calls == 1
+    release.set()
+    await processor.until_done(10)
+    assert processor.calls == 2 and len(processor.batches[-1]) == 9
+    await dispatcher.drain()
+
+
+async def test_a_backlog_starts_a_second_batch_at_once() -> None:
+    processor, dispatcher, release = await _hanging_first_batch(10, overlap_after=60)
+    await _nine_waiting(dispatcher)
     dispatcher.submit(("t", 4), [Msg(4, 0)])  # ten waiting: a backlog, overlap
     await processor.until_done(10)
     assert processor.calls == 2 and len(processor.batches[0]) == 10
     release.set()
     await processor.until_done(11)
+    await dispatcher.drain()
+
+
+async def test_a_slow_batch_does_not_hold_the_other_partitions_back() -> None:
+    processor, dispatcher, release = await _hanging_first_batch(1000, overlap_after=0.01)
+    dispatcher.submit(("t", 1), [Msg(1, 0)])  # one message: no backlog, yet it goes
+    await processor.until_done(1)
+    assert processor.calls == 2 and [m.p for m in processor.done] == [1]
+    release.set()
+    await processor.until_done(2)
     await dispatcher.drain()

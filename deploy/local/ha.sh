@@ -1,0 +1,265 @@
+#!/usr/bin/env bash
+# The local replicated stack, no Docker: each service a real process on loopback.
+#   deploy/local/ha.sh up | down | status
+#
+#   Kafka       three combined KRaft nodes (localhost:19092-19094, controllers 19192-19194),
+#               replication factor 3, min.insync.replicas 2, unclean leader election off;
+#               heap $HA_KAFKA_HEAP (512m) each
+#   PostgreSQL  pg_auto_failover (Debian postgresql-15-auto-failover): a monitor (15432), a
+#               primary and a synchronous secondary (15433, 15434), automatic failover
+#   Redis       a master (16379), a replica (16380) and three Sentinels (26379-26381)
+#
+# Its ports differ from the single-node stack's (stack.sh): both can run at once. `up`
+# writes the PAYAUTH_* lines a worker needs to $STACK_DIR/ha.env and prints them.
+set -euo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+STACK_FUNCTIONS_ONLY=1 source "$HERE/stack.sh"
+
+HA_DIR=$STACK_DIR/ha
+HA_KAFKA_HEAP=${HA_KAFKA_HEAP:-512m}
+KAFKA_PORTS=(19092 19093 19094)
+KAFKA_CONTROLLER_PORTS=(19192 19193 19194)
+PG_MONITOR_PORT=15432
+PG_NODE_PORTS=(15433 15434)
+REDIS_MASTER_PORT=16379
+REDIS_REPLICA_PORT=16380
+SENTINEL_PORTS=(26379 26380 26381)
+SENTINEL_MASTER=payauth
+# PostgreSQL refuses to run as root: as root, its directories belong to `postgres`.
+if [ "$(id -u)" = 0 ]; then
+  PG_HA_DIR=${PG_HA_DIR:-/var/lib/postgresql/payauth-ha}
+else
+  PG_HA_DIR=${PG_HA_DIR:-$HA_DIR/postgres}
+fi
+MONITOR_URI="postgres://autoctl_node@localhost:$PG_MONITOR_PORT/pg_auto_failover?sslmode=disable"
+
+step() { printf '[ha] %s\n' "$*"; }
+die() { printf '[ha] ERROR: %s\n' "$*" >&2; exit 1; }
+
+autoctl() { "${PG_AS[@]}" env PATH="$(pg_bindir):$PATH" pg_autoctl "$@"; }
+background() { # background LOG COMMAND...: outlives this script and a Ctrl-C
+  local log=$1; shift
+  setsid nohup "$@" >"$log" 2>&1 </dev/null &
+}
+
+# -------------------------------------------------------------------- Kafka
+kafka_node_dir() { echo "$HA_DIR/kafka-$1"; }
+
+kafka_ha_up() {
+  kafka_fetch
+  local voters="" i
+  for i in 0 1 2; do voters+="${voters:+,}$((i + 1))@localhost:${KAFKA_CONTROLLER_PORTS[$i]}"; done
+  local cluster_id=""
+  [ -f "$HA_DIR/kafka-cluster-id" ] && cluster_id=$(cat "$HA_DIR/kafka-cluster-id")
+  if [ -z "$cluster_id" ]; then
+    cluster_id=$(kafka_tool kafka.tools.StorageTool random-uuid 2>/dev/null | tail -n 1)
+    [ -n "$cluster_id" ] || die "kafka: could not generate a cluster id"
+    echo "$cluster_id" >"$HA_DIR/kafka-cluster-id"
+  fi
+  for i in 0 1 2; do
+    local node=$((i + 1)) dir; dir=$(kafka_node_dir "$node")
+    if listening "${KAFKA_PORTS[$i]}"; then
+      step "kafka: node $node already listens on ${KAFKA_PORTS[$i]}"; continue
+    fi
+    mkdir -p "$dir/logs"
+    sed -e "s#@DATA_DIR@#$dir/data#" -e "s#@PORT@#${KAFKA_PORTS[$i]}#g" \
+        -e "s#@CONTROLLER_PORT@#${KAFKA_CONTROLLER_PORTS[$i]}#g" -e "s#@NODE_ID@#$node#" \
+        -e "s#@VOTERS@#$voters#" "$HERE/kafka/ha-server.properties" >"$dir/server.properties"
+    if [ ! -f "$dir/data/meta.properties" ]; then
+      kafka_tool kafka.tools.StorageTool format -t "$cluster_id" -c "$dir/server.properties" \
+        >"$dir/format.log" 2>&1 || die "kafka: formatting node $node failed, see $dir/format.log"
+    fi
+    step "kafka: starting node $node on localhost:${KAFKA_PORTS[$i]}"
+    background "$dir/logs/stdout.log" java -Xms"$HA_KAFKA_HEAP" -Xmx"$HA_KAFKA_HEAP" \
+      -XX:+UseG1GC -Dlog4j2.configurationFile="$ROOT/deploy/local/kafka/log4j2.properties" \
+      -Dkafka.logs.dir="$dir/logs" -cp "$KAFKA_LIBS/*" kafka.Kafka "$dir/server.properties"
+    echo $! >"$dir/kafka.pid"
+  done
+  for i in 0 1 2; do
+    wait_for kafka 120 listening "${KAFKA_PORTS[$i]}" \
+      || die "kafka: node $((i + 1)) did not open ${KAFKA_PORTS[$i]}, see $(kafka_node_dir $((i + 1)))/logs/"
+  done
+  step "kafka: three nodes ready"
+}
+
+kafka_ha_down() {
+  local node pid dir
+  for node in 1 2 3; do
+    dir=$(kafka_node_dir "$node")
+    [ -f "$dir/kafka.pid" ] || continue
+    pid=$(cat "$dir/kafka.pid")
+    step "kafka: stopping node $node (pid $pid)"
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+    kill -9 "$pid" 2>/dev/null || true
+    rm -f "$dir/kafka.pid"
+  done
+}
+
+# --------------------------------------------------------------- PostgreSQL
+pg_ha_up() {
+  command -v psql >/dev/null 2>&1 || apt_install postgresql-client
+  [ -n "$(pg_bindir || true)" ] || apt_install postgresql
+  command -v pg_autoctl >/dev/null 2>&1 \
+    || apt_install "postgresql-$(basename "$(dirname "$(pg_bindir)")")-auto-failover" pg-auto-failover-cli
+  mkdir -p "$PG_HA_DIR"
+  [ "$(id -u)" = 0 ] && chown postgres:postgres "$PG_HA_DIR"
+  if ! listening "$PG_MONITOR_PORT"; then
+    if [ ! -f "$PG_HA_DIR/monitor/PG_VERSION" ]; then
+      step "postgres: creating the pg_auto_failover monitor"
+      autoctl create monitor --pgdata "$PG_HA_DIR/monitor" --pgport "$PG_MONITOR_PORT" \
+        --hostname localhost --auth trust --no-ssl >"$HA_DIR/pg-monitor-create.log" 2>&1 \
+        || die "postgres: monitor creation failed, see $HA_DIR/pg-monitor-create.log"
+    fi
+    step "postgres: starting the monitor on localhost:$PG_MONITOR_PORT"
+    background "$HA_DIR/pg-monitor.log" "${PG_AS[@]}" env PATH="$(pg_bindir):$PATH" \
+      pg_autoctl run --pgdata "$PG_HA_DIR/monitor"
+    wait_for monitor 60 listening "$PG_MONITOR_PORT" || die "postgres: monitor not up, see $HA_DIR/pg-monitor.log"
+  fi
+  local i
+  for i in 0 1; do
+    local port=${PG_NODE_PORTS[$i]} data="$PG_HA_DIR/node$((i + 1))"
+    if listening "$port"; then step "postgres: node $((i + 1)) already on $port"; continue; fi
+    step "postgres: starting node $((i + 1)) on localhost:$port"
+    if [ -f "$data/PG_VERSION" ]; then
+      background "$HA_DIR/pg-node$((i + 1)).log" "${PG_AS[@]}" env PATH="$(pg_bindir):$PATH" \
+        pg_autoctl run --pgdata "$data"
+    else
+      background "$HA_DIR/pg-node$((i + 1)).log" "${PG_AS[@]}" env PATH="$(pg_bindir):$PATH" \
+        pg_autoctl create postgres --pgdata "$data" --pgport "$port" --hostname localhost \
+        --auth trust --no-ssl --monitor "$MONITOR_URI" --dbname "$PG_DB" --run
+    fi
+    # The first node becomes the primary before the second asks to follow it.
+    wait_for "node $((i + 1))" 120 pg_node_settled "$((i + 1))" \
+      || die "postgres: node $((i + 1)) did not settle, see $HA_DIR/pg-node$((i + 1)).log"
+  done
+  step "postgres: a primary and a synchronous secondary ($(pg_sync_names))"
+}
+
+pg_node_settled() { # the node reports single/primary/secondary; nudges a slow base backup
+  local state; state=$(autoctl show state --pgdata "$PG_HA_DIR/monitor" 2>/dev/null || true)
+  # pg_basebackup waits for a spread checkpoint on the primary: ask for an immediate one.
+  PGCONNECT_TIMEOUT=2 psql -X -q -h localhost -p "${PG_NODE_PORTS[0]}" -U postgres -d postgres \
+    -c CHECKPOINT >/dev/null 2>&1 || true
+  echo "$state" | grep -E "^ *node_$1 " | grep -Eq "\| +(single|primary|secondary) +\| +(single|primary|secondary) *$"
+}
+
+pg_sync_names() {
+  local port
+  for port in "${PG_NODE_PORTS[@]}"; do
+    psql -X -h localhost -p "$port" -U postgres -d postgres -tAc \
+      "select current_setting('synchronous_standby_names') where not pg_is_in_recovery()" 2>/dev/null
+  done | grep . || echo "no synchronous standby yet"
+}
+
+pg_ha_down() {
+  local n
+  for n in node2 node1 monitor; do
+    [ -f "$PG_HA_DIR/$n/PG_VERSION" ] || continue
+    step "postgres: stopping $n"
+    autoctl stop --pgdata "$PG_HA_DIR/$n" >/dev/null 2>&1 || true
+  done
+}
+
+# -------------------------------------------------------------------- Redis
+redis_ha_up() {
+  command -v redis-server >/dev/null 2>&1 || apt_install redis-server
+  mkdir -p "$HA_DIR/redis"
+  local port
+  for port in "$REDIS_MASTER_PORT" "$REDIS_REPLICA_PORT"; do
+    listening "$port" && continue
+    local extra=()
+    [ "$port" = "$REDIS_REPLICA_PORT" ] && extra=(--replicaof 127.0.0.1 "$REDIS_MASTER_PORT")
+    step "redis: starting $([ ${#extra[@]} = 0 ] && echo master || echo replica) on localhost:$port"
+    redis-server --bind 127.0.0.1 --port "$port" --daemonize yes --dir "$HA_DIR/redis" \
+      --pidfile "$HA_DIR/redis/redis-$port.pid" --logfile "$HA_DIR/redis/redis-$port.log" \
+      --save '' --appendonly no "${extra[@]}" >/dev/null || die "redis: $port failed to start"
+  done
+  for port in "${SENTINEL_PORTS[@]}"; do
+    listening "$port" && continue
+    step "redis: starting Sentinel on localhost:$port"
+    printf '%s\n' "port $port" "bind 127.0.0.1" "daemonize yes" "dir $HA_DIR/redis" \
+      "pidfile $HA_DIR/redis/sentinel-$port.pid" "logfile $HA_DIR/redis/sentinel-$port.log" \
+      "sentinel monitor $SENTINEL_MASTER 127.0.0.1 $REDIS_MASTER_PORT 2" \
+      "sentinel down-after-milliseconds $SENTINEL_MASTER 2000" \
+      "sentinel failover-timeout $SENTINEL_MASTER 10000" >"$HA_DIR/redis/sentinel-$port.conf"
+    redis-server "$HA_DIR/redis/sentinel-$port.conf" --sentinel >/dev/null \
+      || die "redis: Sentinel $port failed to start"
+  done
+  wait_for sentinels 30 redis-cli -p "${SENTINEL_PORTS[0]}" sentinel get-master-addr-by-name "$SENTINEL_MASTER" \
+    || die "redis: Sentinels do not answer"
+  step "redis: master, replica and three Sentinels ready"
+}
+
+redis_ha_down() {
+  local pidfile
+  for pidfile in "$HA_DIR"/redis/*.pid; do
+    [ -f "$pidfile" ] || continue
+    kill "$(cat "$pidfile")" 2>/dev/null || true
+    rm -f "$pidfile"
+  done
+  step "redis: stopped"
+}
+
+# ------------------------------------------------------------------- worker
+ha_env() {
+  local brokers sentinels
+  brokers=$(printf 'localhost:%s,' "${KAFKA_PORTS[@]}"); brokers=${brokers%,}
+  sentinels=$(printf '127.0.0.1:%s,' "${SENTINEL_PORTS[@]}"); sentinels=${sentinels%,}
+  cat <<ENV
+PAYAUTH_KAFKA_BOOTSTRAP_SERVERS=$brokers
+PAYAUTH_DATABASE_URL=postgresql://postgres@localhost:${PG_NODE_PORTS[0]},localhost:${PG_NODE_PORTS[1]}/$PG_DB?target_session_attrs=read-write
+PAYAUTH_REDIS_SENTINELS=$sentinels
+PAYAUTH_REDIS_SENTINEL_MASTER=$SENTINEL_MASTER
+ENV
+}
+
+ha_up() {
+  mkdir -p "$HA_DIR"
+  pg_ha_up
+  redis_ha_up
+  kafka_ha_up
+  ha_env >"$STACK_DIR/ha.env"
+  local py=${PYTHON:-$ROOT/.venv/bin/python}
+  (set -a; . "$STACK_DIR/ha.env"; set +a
+   step "postgres: applying the migrations"
+   PAYAUTH_LOG_LEVEL=WARNING "$py" -m service migrate >/dev/null || die "postgres: migrations failed"
+   step "kafka: ensuring topics (replication factor 3)"
+   "$py" -m service topics --partitions "$INPUT_PARTITIONS" --wait 120 >/dev/null \
+     || die "kafka: could not create the topics")
+  step "ha stack is up; for a worker: set -a; . .stack/ha.env; set +a; payauth run"
+  cat "$STACK_DIR/ha.env"
+}
+
+ha_status() {
+  echo "PostgreSQL (pg_auto_failover):"
+  autoctl show state --pgdata "$PG_HA_DIR/monitor" 2>/dev/null | sed 's/^/  /' || echo "  monitor down"
+  echo "Redis master (Sentinel $SENTINEL_MASTER):"
+  redis-cli -p "${SENTINEL_PORTS[0]}" sentinel get-master-addr-by-name "$SENTINEL_MASTER" 2>/dev/null \
+    | paste -sd: | sed 's/^/  /' || echo "  Sentinels down"
+  echo "Kafka partition leaders:"
+  local py=${PYTHON:-$ROOT/.venv/bin/python}
+  (set -a; [ -f "$STACK_DIR/ha.env" ] && . "$STACK_DIR/ha.env"; set +a
+   "$py" - <<'PY' || echo "  brokers down"
+import os
+from confluent_kafka.admin import AdminClient
+admin = AdminClient({"bootstrap.servers": os.environ["PAYAUTH_KAFKA_BOOTSTRAP_SERVERS"]})
+meta = admin.list_topics(timeout=10)
+for name in sorted(t for t in meta.topics if t.startswith("payments.")):
+    parts = meta.topics[name].partitions
+    leaders = {}
+    for p in parts.values():
+        leaders.setdefault(p.leader, []).append(p.id)
+    print(f"  {name}: " + "; ".join(f"node {n} leads {len(ps)}" for n, ps in sorted(leaders.items()))
+          + f" (in sync: {min(len(p.isrs) for p in parts.values())} of {len(next(iter(parts.values())).replicas)} at least)")
+PY
+  )
+}
+
+mkdir -p "$HA_DIR"
+case "${1:-}" in
+  up) ha_up ;;
+  down) kafka_ha_down; redis_ha_down; pg_ha_down; step "ha stack is down" ;;
+  status) ha_status ;;
+  *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+esac
