@@ -114,6 +114,7 @@ def _partitions(text: str | None) -> list[int] | None:
 def _shadow_replay(settings: Settings, args: argparse.Namespace) -> int:
     """Exit 0: nothing would change; 3: something would; 1: could not tell; 2: usage."""
     import asyncpg
+    from confluent_kafka import KafkaException
 
     from service import replay, shadow
 
@@ -125,18 +126,35 @@ def _shadow_replay(settings: Settings, args: argparse.Namespace) -> int:
               "shadow replay writes nothing)", file=sys.stderr)
         return 2
     try:
-        if args.transactions:
-            ids = _transaction_ids(args.transactions)
+        partitions = _partitions(args.partitions)
+        ids = _transaction_ids(args.transactions) if args.transactions else None
+    except ValueError:
+        print(f"payauth replay --shadow: --partitions {args.partitions!r} is not a list of "
+              "partition numbers", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"payauth replay --shadow: cannot read {args.transactions[1:]}: "
+              f"{exc.strerror}", file=sys.stderr)
+        return 2
+    try:
+        if ids is not None:
             report = asyncio.run(shadow.shadow(settings, transaction_ids=ids))
         else:
             if by_offsets:
                 ranges = shadow.ranges_of_offsets(settings, args.from_offset, args.to_offset,
-                                                  _partitions(args.partitions))
+                                                  partitions)
             else:
                 ranges = shadow.ranges_of_plans(_replay_plans(settings, args))
             report = asyncio.run(shadow.shadow(settings, ranges=ranges))
     except replay.ReplayRefused as exc:
         print(f"payauth replay --shadow: {exc}", file=sys.stderr)
+        return 1
+    except KafkaException as exc:
+        print(f"payauth replay --shadow: Kafka refused: {exc.args[0].str()}", file=sys.stderr)
+        return 1
+    except asyncpg.InsufficientPrivilegeError as exc:
+        print(f"payauth replay --shadow: the database role may not do this ({exc}); it needs "
+              "the worker role's grants (EXECUTE on payauth_decide, SELECT)", file=sys.stderr)
         return 1
     except (OSError, asyncpg.PostgresError) as exc:
         print(f"payauth replay --shadow: the database did not answer ({type(exc).__name__}: "

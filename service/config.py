@@ -128,18 +128,25 @@ class Settings(BaseSettings):
         if not url.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("must start with redis:// or rediss://")
         if not url.startswith("unix://"):
-            hosts = urlsplit(url).netloc.rpartition("@")[2]
+            parts = urlsplit(url)
+            hosts = parts.netloc.rpartition("@")[2]
             _check_port(hosts.rpartition("]")[2] if hosts.startswith("[") else hosts)
+            database = parts.path.lstrip("/")
+            if database and not (database.isascii() and database.isdigit()):
+                raise ValueError("has a database that is not a number (redis://host:port/0)")
         return value
 
     @field_validator("redis_sentinels")
     @classmethod
-    def _sentinels(cls, value: str) -> str:
+    def _sentinels(cls, value: str, info: ValidationInfo) -> str:
         for host_port in filter(None, (h.strip() for h in value.split(","))):
-            host, colon, _ = host_port.rpartition(":")
-            if not colon or not host:
+            host, colon, port = host_port.rpartition(":")
+            if not colon or not host or not port:
                 raise ValueError("must be host:port[,host:port…]")
             _check_port(host_port)
+        url = info.data.get("redis_url")
+        if value.strip() and url is not None and url.get_secret_value().startswith("unix://"):
+            raise ValueError("cannot be used with a unix:// PAYAUTH_REDIS_URL")
         return value
 
     @field_validator("redis_sentinel_master")

@@ -7,6 +7,10 @@ decides otherwise. Each decision keeps the inputs it read (the account's balance
 and currency, and the rule's version: ``migrations/007_decision_inputs.sql``); the shadow
 replay calls ``payauth_decide`` as the database has it now on those inputs and compares.
 
+Each transaction is decided again alone, on its own stored inputs: when an earlier decision
+on the same account changes (a refund now approved), the balances later decisions read are
+not recomputed, so a change that follows from another one is not shown.
+
 The range: what ``payauth replay`` would re-read (``--to-datetime``, ``--to-earliest``,
 ``--shift-by``: from the target to the group's committed offset), explicit offsets
 (``--from-offset``/``--to-offset``, inclusive), or a list of transaction ids. Safe while the
@@ -99,8 +103,11 @@ def read_range(settings: Settings, ranges: Sequence[OffsetRange]) -> Iterator[li
     todo = {r.partition: r for r in ranges if r.end > r.start}
     if not todo:
         return
+    # "error": a start offset that retention deleted since the plan is refused, never
+    # silently replaced by the end of the partition.
     consumer = Consumer({**client_config(settings), "group.id": f"{settings.group_id}.shadow",
-                         "enable.auto.commit": False, "enable.partition.eof": True})
+                         "enable.auto.commit": False, "enable.partition.eof": True,
+                         "auto.offset.reset": "error"})
     try:
         consumer.assign([TopicPartition(settings.input_topic, r.partition, r.start)
                          for r in todo.values()])
@@ -108,7 +115,8 @@ def read_range(settings: Settings, ranges: Sequence[OffsetRange]) -> Iterator[li
         quiet = 0.0
         while todo:
             msgs = consumer.consume(500, timeout=1.0)
-            quiet = quiet + 1.0 if not msgs else 0.0
+            # Only progress on a partition still to read counts as progress.
+            quiet = 0.0 if any(m.partition() in todo for m in msgs) else quiet + 1.0
             if quiet >= _QUIET_SECONDS:
                 raise ReplayRefused(
                     f"no message for {_QUIET_SECONDS} s before the end of partition(s) "
@@ -122,7 +130,9 @@ def read_range(settings: Settings, ranges: Sequence[OffsetRange]) -> Iterator[li
                     if error.code() == KafkaError._PARTITION_EOF:
                         del todo[r.partition]  # the range ended early (records compacted)
                         continue
-                    raise ReplayRefused(f"reading {settings.input_topic}: {error}")
+                    raise ReplayRefused(f"reading partition {r.partition} of "
+                                        f"{settings.input_topic} from offset {r.start}: "
+                                        f"{error.str()} (deleted by retention?)")
                 if offset is None:
                     continue
                 if offset < r.end:
@@ -191,6 +201,9 @@ async def classify_messages(conn: asyncpg.Connection, report: ShadowReport,
 
 def _compare(report: ShadowReport, transaction_id: str, row: Any) -> None:
     """A stored decision (a ``_DECIDE_AGAIN`` row) against the rule's answer now."""
+    if row["rule_version"] is not None and row["now"] is None:
+        report.no_answer.append(transaction_id)  # the rule now gives none: it is broken
+        return
     report.add_decided(transaction_id, Decision(row["result"], row["decline_reason"]),
                        Decision.of(row["now"]) if row["now"] else None, row["rule_version"])
 

@@ -1,9 +1,11 @@
 """What a shadow replay found, and how it is shown: pure values, no I/O.
 
-Every transaction in the range lands in one group: its stored decision unchanged, changed
-(old → new), not decidable again (decided before inputs were recorded), dead-lettered
-again (never decided: invalid, conflict, over a limit), decided by a real replay now (never
-decided but valid), or found only in the ledger (dedup record purged, an approved one).
+Every transaction of the range lands in one group: its stored decision unchanged, changed
+(old → new), not decidable again (decided before inputs were recorded), given no answer by
+the rule now (a broken rule: a replay would stop its partition), decided by a real replay
+now (never decided but valid), or found only in the ledger (dedup record purged, an
+approved one). Messages a replay would dead-letter again (invalid, a conflict with a
+decided transaction, over a limit) are counted per message, by reason.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class ShadowReport:
     dead_lettered_again: Counter[str] = field(default_factory=Counter)  # reason → messages
     would_decide: dict[Decision, list[str]] = field(default_factory=dict)
     ledger_only: list[str] = field(default_factory=list)
+    no_answer: list[str] = field(default_factory=list)  # the rule now returns nothing
     unknown: list[str] = field(default_factory=list)  # ids asked for, never decided
     _seen: set[str] = field(default_factory=set, repr=False)
     # Of the transactions never decided: a later message with another payload is a conflict.
@@ -75,7 +78,8 @@ class ShadowReport:
 
     @property
     def decided(self) -> int:
-        return self.unchanged + sum(map(len, self.changed.values())) + len(self.not_recorded)
+        return (self.unchanged + sum(map(len, self.changed.values())) + len(self.not_recorded)
+                + len(self.no_answer))
 
     @property
     def changed_count(self) -> int:
@@ -83,9 +87,9 @@ class ShadowReport:
 
     @property
     def would_change(self) -> bool:
-        """A stored decision the rule now decides otherwise, or a message a real replay
-        would decide: the exit status 3."""
-        return bool(self.changed or self.would_decide)
+        """A stored decision the rule now decides otherwise (or not at all), or a message a
+        real replay would decide: the exit status 3."""
+        return bool(self.changed or self.would_decide or self.no_answer)
 
     def render(self) -> str:
         versions = ", ".join(f"{v} ({n})" for v, n in self.rule_versions.most_common())
@@ -103,16 +107,21 @@ class ShadowReport:
             lines.append(f"    {str(old) + ' -> ' + str(new):<42}{len(ids):>8}  {_examples(ids)}")
         lines.append(f"{'  inputs not recorded (decided before them)':<46}"
                      f"{len(self.not_recorded):>8}  {_examples(self.not_recorded)}".rstrip())
+        if self.no_answer:
+            lines.append(f"{'  no answer from the rule now (it is broken)':<46}"
+                         f"{len(self.no_answer):>8}  {_examples(self.no_answer)}")
         if self.ledger_only:
             lines.append(f"{'  dedup record purged, ledger entry kept':<46}"
                          f"{len(self.ledger_only):>8}  {_examples(self.ledger_only)}")
-        never = sum(self.dead_lettered_again.values()) + sum(map(len, self.would_decide.values()))
-        lines.append(f"{'never decided: a replay would':<46}{never:>8}")
-        for reason, count in sorted(self.dead_lettered_again.items()):
-            lines.append(f"    {'dead-letter again: ' + reason:<42}{count:>8}")
+        lines.append(f"{'never decided: a replay would decide':<46}"
+                     f"{sum(map(len, self.would_decide.values())):>8}")
         for decision, ids in sorted(self.would_decide.items()):
             lines.append(f"    {'decide now: ' + str(decision):<42}{len(ids):>8}  "
                          f"{_examples(ids)}")
+        lines.append(f"{'messages a replay would dead-letter again':<46}"
+                     f"{sum(self.dead_lettered_again.values()):>8}")
+        for reason, count in sorted(self.dead_lettered_again.items()):
+            lines.append(f"    {reason:<42}{count:>8}")
         if self.unknown:
             lines.append(f"{'transaction ids never decided (or purged)':<46}"
                          f"{len(self.unknown):>8}  {_examples(self.unknown)}")
@@ -124,6 +133,10 @@ class ShadowReport:
         if not self.would_change:
             return "nothing would change"
         parts = []
+        if self.no_answer:
+            parts.append(f"The rule now gives no answer for {len(self.no_answer)} decided "
+                         "transaction(s): it is broken, and a replay would stop their "
+                         "partitions.")
         if self.changed:
             parts.append(f"{self.changed_count} stored decision(s) differ from what the rule "
                          "decides now.\nA replay keeps stored results: each needs a person "
@@ -147,6 +160,7 @@ class ShadowReport:
                         for (old, new), ids in sorted(self.changed.items())],
             "inputs_not_recorded": {"count": len(self.not_recorded),
                                     "transaction_ids": self.not_recorded},
+            "no_answer": {"count": len(self.no_answer), "transaction_ids": self.no_answer},
             "ledger_only": {"count": len(self.ledger_only),
                             "transaction_ids": self.ledger_only},
             "never_decided": {

@@ -300,8 +300,9 @@ class PostgresStore:
         return {row["partition"]: row["before_offset"] for row in rows}
 
     async def _call_authorize(self, args: tuple[Any, ...]) -> list[asyncpg.Record]:
-        """The one round trip; the call commits on its own. (A seam for the test-only store
-        that rolls a call back after its writes, as a failing COMMIT would.)"""
+        """The one round trip; the call commits on its own. (A seam for the test-only
+        stores that roll a call back after its writes, as a failing COMMIT would, or lose
+        its reply after the COMMIT, as a broken connection would.)"""
         async with self._pool.acquire() as conn:
             return await conn.fetch(AUTHORIZE_STATEMENT, *args)
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import redis.asyncio as aioredis
 import structlog
@@ -96,7 +96,7 @@ class RedisDedupCache:
         Sentinel connection pool asks them on every new connection, and a connection to a
         demoted master fails and is replaced. Password and database from ``url``."""
         parts = urlsplit(url)
-        database = int(parts.path.lstrip("/") or 0)
+        database = int(parts.path.lstrip("/") or 0)  # a number: Settings checked it
         sentinel = Sentinel(  # type: ignore[no-untyped-call]  # redis-py leaves it bare
             sentinels, socket_timeout=timeout_seconds,
             sentinel_kwargs={"password": sentinel_password or None,
@@ -104,7 +104,8 @@ class RedisDedupCache:
                              "socket_connect_timeout": timeout_seconds},
         )
         client = sentinel.master_for(
-            master, password=parts.password, username=parts.username, db=database,
+            master, password=unquote(parts.password) if parts.password else None,
+            username=unquote(parts.username) if parts.username else None, db=database,
             socket_timeout=timeout_seconds, socket_connect_timeout=timeout_seconds,
             decode_responses=True, health_check_interval=30,
             ssl=parts.scheme == "rediss",

@@ -10,6 +10,8 @@ decisions the new primary does not have, or it could not see the failure it is f
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,15 @@ def _send(env: stack.Env, count: int, tag: str) -> list[str]:
         (ACCOUNTS[i % 4].encode(), encode(auth_message(t, account_id=ACCOUNTS[i % 4],
                                                        amount="1.00")))
         for i, t in enumerate(ids)])
+    return ids
+
+
+def _send_paced(env: stack.Env, count: int, tag: str) -> list[str]:
+    """``count`` transactions over about two seconds, a few at a time."""
+    ids: list[str] = []
+    for _ in range(count // 10):
+        ids += _send(env, 10, tag)
+        time.sleep(0.1)
     return ids
 
 
@@ -68,14 +79,20 @@ def _failover(env: stack.Env, spawn_worker: Any, *, synchronous: bool
         worker = spawn_worker(env, PAYAUTH_DATABASE_URL=url)
         sent = _send(env, 200, "a")
         wait_caught_up(env.group_id, env.input_topic, env.partitions)
-        if not synchronous:
-            standby.stop()  # behind: it will miss the whole burst
-        sent += _send(env, 200, "b")
-        # Kill the primary with the burst decided (asynchronous: all of it, so that the loss
-        # is certain) or in the middle of it (synchronous: batches in flight).
-        wait_until(lambda: _approved(worker) >= (400 if not synchronous else 300), 60,
-                   "the burst decided")
-        primary.kill9()
+        if synchronous:
+            # The primary dies in the middle of a burst: messages keep arriving meanwhile.
+            burst = threading.Thread(target=lambda: sent.extend(_send_paced(env, 200, "b")))
+            burst.start()
+            wait_until(lambda: _approved(worker) >= 260, 60, "the burst under way")
+            primary.kill9()
+            burst.join()
+        else:
+            wait_until(lambda: standby.caught_up_with(primary), 30, "the standby caught up")
+            standby.stop()  # behind from now on: it will miss the whole burst
+            sent += _send(env, 200, "b")
+            # Every one of the burst decided, published and committed on the primary alone.
+            wait_until(lambda: _approved(worker) >= 400, 60, "the burst decided")
+            primary.kill9()
         if not synchronous:
             standby.start()
         standby.promote()

@@ -6,6 +6,7 @@ root: as root, the clusters belong to the ``postgres`` user (as in ``deploy/loca
 
 from __future__ import annotations
 
+import asyncio
 import glob
 import os
 import shutil
@@ -20,8 +21,21 @@ import asyncpg
 
 from tests.support.stack import free_port
 
-BIN = Path(sorted(glob.glob("/usr/lib/postgresql/*/bin"))[-1]) if glob.glob(
-    "/usr/lib/postgresql/*/bin") else Path(shutil.which("pg_ctl") or "pg_ctl").parent
+
+def _server_bin() -> Path:
+    """The newest Debian server binaries (as deploy/local/stack.sh finds them), or pg_ctl's
+    directory on PATH."""
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin"),
+                   key=lambda d: int(d.split("/")[-2]) if d.split("/")[-2].isdigit() else 0)
+    if found:
+        return Path(found[-1])
+    pg_ctl = shutil.which("pg_ctl")
+    if pg_ctl is None:
+        raise RuntimeError("no PostgreSQL server binaries (make stack-up installs them)")
+    return Path(pg_ctl).parent
+
+
+BIN = _server_bin()
 AS_OWNER = ["runuser", "-u", "postgres", "--", "env", "-C", "/"] if os.geteuid() == 0 else []
 STANDBY_NAME = "standby"
 
@@ -59,6 +73,13 @@ class Node:
         deadline = time.monotonic() + 30
         while _alive(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
+
+    def caught_up_with(self, primary: Node) -> bool:
+        """Has this standby replayed everything the primary wrote so far?"""
+        rows = asyncio.run(primary.fetch(
+            "SELECT bool_and(replay_lsn >= pg_current_wal_lsn()) AS done FROM "
+            "pg_stat_replication", database="postgres"))
+        return bool(rows and rows[0]["done"])
 
     def promote(self) -> None:
         _run(str(BIN / "pg_ctl"), "-D", str(self.data), "-w", "-t", "60", "promote")
@@ -99,7 +120,9 @@ def replicated_pair(*, synchronous: bool) -> tuple[Node, Node, Path]:
     _run(str(BIN / "pg_basebackup"), "-h", "127.0.0.1", "-p", str(primary.port), "-U",
          "postgres", "-D", str(standby.data), "-R", "-X", "stream")
     _append(standby.data / "postgresql.auto.conf", [
-        f"port = {standby.port}",
+        # The copy of the primary's settings names a synchronous standby; promoted, this one
+        # has none, and would wait for it on every COMMIT.
+        f"port = {standby.port}", "synchronous_standby_names = ''",
         f"primary_conninfo = 'host=127.0.0.1 port={primary.port} user=postgres "
         f"application_name={STANDBY_NAME}'"])
     standby.start()

@@ -24,6 +24,11 @@ def test_sentinels_are_read_as_addresses(monkeypatch: pytest.MonkeyPatch) -> Non
      "PAYAUTH_REDIS_SENTINELS"),
     ({"PAYAUTH_REDIS_SENTINELS": "s1:99999", "PAYAUTH_REDIS_SENTINEL_MASTER": "m"},
      "PAYAUTH_REDIS_SENTINELS"),
+    ({"PAYAUTH_REDIS_SENTINELS": "s1:", "PAYAUTH_REDIS_SENTINEL_MASTER": "m"},
+     "PAYAUTH_REDIS_SENTINELS"),
+    ({"PAYAUTH_REDIS_SENTINELS": "s1:26379", "PAYAUTH_REDIS_SENTINEL_MASTER": "m",
+      "PAYAUTH_REDIS_URL": "unix:///run/redis.sock"}, "PAYAUTH_REDIS_SENTINELS"),
+    ({"PAYAUTH_REDIS_URL": "redis://localhost:6379/cache"}, "PAYAUTH_REDIS_URL"),
 ])
 def test_a_bad_sentinel_setting_is_one_line(monkeypatch: pytest.MonkeyPatch,
                                             variables: dict[str, str], named: str) -> None:

@@ -69,3 +69,12 @@ def test_the_screen_shows_a_few_ids_and_the_json_all_of_them() -> None:
         report.add_decided(txn, MISMATCH, APPROVED, "old")
     assert f"T{EXAMPLES_ON_SCREEN}" not in report.render() and ", …" in report.render()
     assert report.as_json()["changed"][0]["transaction_ids"] == ids
+
+
+def test_a_rule_that_gives_no_answer_is_a_change_not_a_pass() -> None:
+    report = ShadowReport("t", "broken")
+    report.no_answer.append("T1")
+    report.add_decided("T2", APPROVED, APPROVED, "broken")
+    assert report.would_change and report.decided == 2
+    assert "no answer from the rule now" in report.render()
+    assert report.as_json()["no_answer"] == {"count": 1, "transaction_ids": ["T1"]}
