@@ -83,16 +83,10 @@ kafka_ha_up() {
 }
 
 kafka_ha_down() {
-  local node pid dir
+  local node dir
   for node in 1 2 3; do
     dir=$(kafka_node_dir "$node")
-    [ -f "$dir/kafka.pid" ] || continue
-    pid=$(cat "$dir/kafka.pid")
-    step "kafka: stopping node $node (pid $pid)"
-    kill "$pid" 2>/dev/null || true
-    for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
-    kill -9 "$pid" 2>/dev/null || true
-    rm -f "$dir/kafka.pid"
+    [ -f "$dir/kafka.pid" ] && stop_pidfile "kafka node $node" "$dir/kafka.pid"
   done
 }
 

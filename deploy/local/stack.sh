@@ -209,14 +209,18 @@ kafka_up() {
   step "kafka: ready"
 }
 
+stop_pidfile() { # stop_pidfile NAME PIDFILE: SIGTERM, 30 s to go, then SIGKILL
+  local pid; pid=$(cat "$2")
+  step "$1: stopping (pid $pid)"
+  kill "$pid" 2>/dev/null || true
+  for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+  kill -9 "$pid" 2>/dev/null || true
+  rm -f "$2"
+}
+
 kafka_down() {
   if [ -f "$KAFKA_DIR/kafka.pid" ]; then
-    local pid; pid=$(cat "$KAFKA_DIR/kafka.pid")
-    step "kafka: stopping (pid $pid)"
-    kill "$pid" 2>/dev/null || true
-    for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
-    kill -9 "$pid" 2>/dev/null || true
-    rm -f "$KAFKA_DIR/kafka.pid"
+    stop_pidfile kafka "$KAFKA_DIR/kafka.pid"
   else
     step "kafka: not ours or not running, left alone"
   fi
