@@ -102,7 +102,7 @@ def _replay_plans(settings: Settings, args: argparse.Namespace) -> list[Any]:
         to_datetime=replay.parse_datetime(args.to_datetime) if args.to_datetime else None,
         to_earliest=args.to_earliest,
         shift_by=args.shift_by,
-        to_offset=args.from_offset,
+        from_offset=args.from_offset,
         partitions=_partitions(args.partitions),
     )
 
@@ -179,7 +179,7 @@ def _cmd_dlq_redrive(settings: Settings, args: argparse.Namespace) -> int:
 
     letters = redrive.read_dead_letters(
         settings, reason=args.reason, from_offset=args.from_offset, to_offset=args.to_offset,
-        partitions=[int(p) for p in args.partitions.split(",")] if args.partitions else None,
+        partitions=_partitions(args.partitions),
     )
     print(redrive.summarize(letters, execute=args.execute))
     if args.execute and letters:

@@ -139,7 +139,7 @@ class Settings(BaseSettings):
     @field_validator("redis_sentinels")
     @classmethod
     def _sentinels(cls, value: str, info: ValidationInfo) -> str:
-        for host_port in filter(None, (h.strip() for h in value.split(","))):
+        for host_port in _host_ports(value):
             host, colon, port = host_port.rpartition(":")
             if not colon or not host or not port:
                 raise ValueError("must be host:port[,host:port…]")
@@ -158,14 +158,16 @@ class Settings(BaseSettings):
         return value
 
     def sentinel_addresses(self) -> list[tuple[str, int]]:
-        out = []
-        for host_port in filter(None, (h.strip() for h in self.redis_sentinels.split(","))):
-            host, _, port = host_port.rpartition(":")
-            out.append((host.strip("[]"), int(port)))
-        return out
+        return [(host.strip("[]"), int(port))
+                for host, _, port in (h.rpartition(":") for h in _host_ports(self.redis_sentinels))]
 
     def instance_id(self) -> str:
         return self.group_instance_id or socket.gethostname()
+
+
+def _host_ports(text: str) -> list[str]:
+    """The non-empty items of a comma-separated ``host:port`` list."""
+    return [item.strip() for item in text.split(",") if item.strip()]
 
 
 def _check_port(host_port: str) -> None:

@@ -78,7 +78,7 @@ def build_plan(
     to_datetime: datetime | None = None,
     to_earliest: bool = False,
     shift_by: int | None = None,
-    to_offset: int | None = None,
+    from_offset: int | None = None,
     partitions: list[int] | None = None,
 ) -> list[PartitionPlan]:
     consumer = Consumer({**client_config(settings), "group.id": settings.group_id,
@@ -104,8 +104,8 @@ def build_plan(
             for p in wanted:
                 start = committed[p] if committed[p] >= 0 else watermarks[p][0]
                 targets[p] = min(max(start + shift_by, watermarks[p][0]), watermarks[p][1])
-        elif to_offset is not None:
-            targets = {p: to_offset for p in wanted}  # within each partition, below
+        elif from_offset is not None:
+            targets = {p: from_offset for p in wanted}  # within each partition, below
         else:
             raise ReplayRefused("say where to: --to-datetime, --to-earliest, --shift-by -N or "
                                 "--from-offset")

@@ -30,8 +30,8 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from service.adapters.kafka.config import client_config
 from service.config import Settings
-from service.domain.errors import InvalidMessage
-from service.domain.messages import Authorization, decode_authorization
+from service.domain.messages import Authorization
+from service.plan import Limits, decode_all
 from service.replay import PartitionPlan, ReplayRefused, partitions_of
 from service.shadow_report import Decision, ShadowReport
 
@@ -158,13 +158,12 @@ async def rule_version_now(conn: asyncpg.Connection) -> str:
 async def classify_messages(conn: asyncpg.Connection, report: ShadowReport,
                             msgs: Sequence[Any], settings: Settings) -> None:
     """Put each message's transaction in its group of the report."""
-    valid: list[Authorization] = []
-    for msg in msgs:
-        try:
-            valid.append(decode_authorization(msg.value(), max_bytes=settings.max_message_bytes,
-                                              max_refund=settings.max_refund_amount))
-        except InvalidMessage as exc:
-            report.dead_lettered_again[exc.reason.value] += 1
+    # The worker's own decoding step, so a message is refused here exactly as it would be.
+    decoded, invalid = decode_all(msgs, Limits(max_message_bytes=settings.max_message_bytes,
+                                               max_refund=settings.max_refund_amount))
+    valid = [auth for _, auth in decoded]
+    for dead in invalid:
+        report.dead_lettered_again[dead.reason.value] += 1
     report.messages += len(msgs)
     ids = list({a.transaction_id for a in valid})
     async with conn.transaction(isolation="repeatable_read", readonly=True):

@@ -46,14 +46,13 @@ def _decisions_missing_for_events(node: Node, events: list[dict[str, Any]]) -> l
     """Transactions with a published result event and no decision in this database: what a
     failover lost after the worker was told it committed."""
     published = {e["transaction_id"] for e in events}
-    rows = asyncio.run(node.fetch(
-        "SELECT txn_id FROM processed_transactions WHERE txn_id = ANY($1::text[])",
-        sorted(published)))
+    rows = stack.fetch(node.dsn("payauth"), "SELECT txn_id FROM processed_transactions "
+                                            "WHERE txn_id = ANY($1::text[])", sorted(published))
     return sorted(published - {r["txn_id"] for r in rows})
 
 
 def _prepare(primary: Node) -> None:
-    asyncio.run(primary.fetch("CREATE DATABASE payauth", database="postgres"))
+    stack.fetch(primary.dsn(), "CREATE DATABASE payauth")
 
 
 def _approved(worker: Any) -> float:
@@ -113,11 +112,11 @@ def test_a_synchronous_standby_promoted_loses_nothing(env, spawn_worker) -> None
     try:
         assert _decisions_missing_for_events(new_primary, events) == []
         assert {e["transaction_id"] for e in events} == set(sent)  # none dropped
-        decided = asyncio.run(new_primary.fetch(
-            "SELECT count(*) AS n, count(DISTINCT txn_id) AS d FROM processed_transactions"))[0]
+        decided = stack.fetch(new_primary.dsn("payauth"), "SELECT count(*) AS n, "
+                              "count(DISTINCT txn_id) AS d FROM processed_transactions")[0]
         assert (decided["n"], decided["d"]) == (len(sent), len(sent))
-        ledger = asyncio.run(new_primary.fetch(
-            "SELECT count(*) AS n, sum(amount) AS total FROM ledger_entries"))[0]
+        ledger = stack.fetch(new_primary.dsn("payauth"), "SELECT count(*) AS n, sum(amount) "
+                             "AS total FROM ledger_entries")[0]
         assert (ledger["n"], ledger["total"]) == (len(sent), -len(sent))
         assert payauth(env, "verify", PAYAUTH_DATABASE_URL=new_primary.dsn("payauth")
                        ).returncode == 0

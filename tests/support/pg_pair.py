@@ -6,7 +6,6 @@ root: as root, the clusters belong to the ``postgres`` user (as in ``deploy/loca
 
 from __future__ import annotations
 
-import asyncio
 import glob
 import os
 import shutil
@@ -17,9 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import asyncpg
-
-from tests.support.stack import free_port
+from tests.support.stack import fetch, free_port
 
 
 def _server_bin() -> Path:
@@ -76,21 +73,13 @@ class Node:
 
     def caught_up_with(self, primary: Node) -> bool:
         """Has this standby replayed everything the primary wrote so far?"""
-        rows = asyncio.run(primary.fetch(
-            "SELECT bool_and(replay_lsn >= pg_current_wal_lsn()) AS done FROM "
-            "pg_stat_replication", database="postgres"))
+        rows = fetch(primary.dsn(), "SELECT bool_and(replay_lsn >= pg_current_wal_lsn()) "
+                                    "AS done FROM pg_stat_replication")
         return bool(rows and rows[0]["done"])
 
     def promote(self) -> None:
         _run(str(BIN / "pg_ctl"), "-D", str(self.data), "-w", "-t", "60", "promote")
 
-    async def fetch(self, sql: str, *args: object,
-                    database: str = "payauth") -> list[asyncpg.Record]:
-        conn = await asyncpg.connect(self.dsn(database), timeout=10)
-        try:
-            return list(await conn.fetch(sql, *args))
-        finally:
-            await conn.close()
 
 
 def _alive(pid: int) -> bool:
