@@ -10,7 +10,8 @@ BENCH_OUT ?= .bench/results.json
 STAMP := $(VENV)/.installed
 
 .PHONY: help venv stack-up stack-down stack-status test-tools migrate run demo test test-unit \
-        test-deploy test-integration test-e2e check lint types bench chaos lock clean
+        test-deploy test-integration test-e2e check lint types bench chaos lock clean \
+        ha-up ha-down ha-status ha-chaos ha-smoke
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -44,6 +45,12 @@ ha-up: venv ## the replicated stack: 3 Kafka nodes, pg_auto_failover, Redis Sent
 
 ha-down: ## stop what ha-up started
 	@deploy/local/ha.sh down
+
+ha-chaos: ha-up ## the chaos run on the replicated stack: failovers of each engine (CHAOS_SECONDS, HA_CHAOS_KINDS)
+	@$(PY) -m service.devtools.chaos.ha
+
+ha-smoke: ha-up ## the HA smoke: one failover of each engine under load, then the checker's negative control
+	@$(PY) -m pytest -q tests/ha
 
 ha-status: venv ## the PostgreSQL primary, the Redis master and each topic's partition leaders
 	@PYTHON=$(PY) deploy/local/ha.sh status

@@ -19,6 +19,11 @@ HA_DIR=$STACK_DIR/ha
 HA_KAFKA_HEAP=${HA_KAFKA_HEAP:-512m}
 KAFKA_PORTS=(19092 19093 19094)
 KAFKA_CONTROLLER_PORTS=(19192 19193 19194)
+# A second listener per node for clients that go through a TCP proxy (the HA chaos run cuts
+# one broker from the workers that way): it listens on 19292-19294 and advertises
+# 19392-19394, where the proxies listen. Nothing else uses it.
+KAFKA_PROXIED_PORTS=(19292 19293 19294)
+KAFKA_PROXY_PORTS=(19392 19393 19394)
 PG_MONITOR_PORT=15432
 PG_NODE_PORTS=(15433 15434)
 REDIS_MASTER_PORT=16379
@@ -45,10 +50,13 @@ background() { # background LOG COMMAND...: outlives this script and a Ctrl-C
 # -------------------------------------------------------------------- Kafka
 kafka_node_dir() { echo "$HA_DIR/kafka-$1"; }
 
-kafka_ha_up() {
-  kafka_fetch
+kafka_voters() {
   local voters="" i
   for i in 0 1 2; do voters+="${voters:+,}$((i + 1))@localhost:${KAFKA_CONTROLLER_PORTS[$i]}"; done
+  echo "$voters"
+}
+
+kafka_cluster_id() { # one id for the three nodes, made once
   local cluster_id=""
   [ -f "$HA_DIR/kafka-cluster-id" ] && cluster_id=$(cat "$HA_DIR/kafka-cluster-id")
   if [ -z "$cluster_id" ]; then
@@ -56,29 +64,41 @@ kafka_ha_up() {
     [ -n "$cluster_id" ] || die "kafka: could not generate a cluster id"
     echo "$cluster_id" >"$HA_DIR/kafka-cluster-id"
   fi
-  for i in 0 1 2; do
-    local node=$((i + 1)) dir; dir=$(kafka_node_dir "$node")
-    if listening "${KAFKA_PORTS[$i]}"; then
-      step "kafka: node $node already listens on ${KAFKA_PORTS[$i]}"; continue
-    fi
-    mkdir -p "$dir/logs"
-    sed -e "s#@DATA_DIR@#$dir/data#" -e "s#@PORT@#${KAFKA_PORTS[$i]}#g" \
-        -e "s#@CONTROLLER_PORT@#${KAFKA_CONTROLLER_PORTS[$i]}#g" -e "s#@NODE_ID@#$node#" \
-        -e "s#@VOTERS@#$voters#" "$HERE/kafka/ha-server.properties" >"$dir/server.properties"
-    if [ ! -f "$dir/data/meta.properties" ]; then
-      kafka_tool kafka.tools.StorageTool format -t "$cluster_id" -c "$dir/server.properties" \
-        >"$dir/format.log" 2>&1 || die "kafka: formatting node $node failed, see $dir/format.log"
-    fi
-    step "kafka: starting node $node on localhost:${KAFKA_PORTS[$i]}"
-    background "$dir/logs/stdout.log" java -Xms"$HA_KAFKA_HEAP" -Xmx"$HA_KAFKA_HEAP" \
-      -XX:+UseG1GC -Dlog4j2.configurationFile="$ROOT/deploy/local/kafka/log4j2.properties" \
-      -Dkafka.logs.dir="$dir/logs" -cp "$KAFKA_LIBS/*" kafka.Kafka "$dir/server.properties"
-    echo $! >"$dir/kafka.pid"
-  done
-  for i in 0 1 2; do
-    wait_for kafka 120 listening "${KAFKA_PORTS[$i]}" \
-      || die "kafka: node $((i + 1)) did not open ${KAFKA_PORTS[$i]}, see $(kafka_node_dir $((i + 1)))/logs/"
-  done
+  echo "$cluster_id"
+}
+
+kafka_node_up() { # kafka_node_up NODE (1-3): start it unless it listens; no wait
+  local node=$1 i=$(($1 - 1)) dir; dir=$(kafka_node_dir "$node")
+  if listening "${KAFKA_PORTS[$i]}"; then
+    step "kafka: node $node already listens on ${KAFKA_PORTS[$i]}"; return 0
+  fi
+  mkdir -p "$dir/logs"
+  sed -e "s#@DATA_DIR@#$dir/data#" -e "s#@PORT@#${KAFKA_PORTS[$i]}#g" \
+      -e "s#@CONTROLLER_PORT@#${KAFKA_CONTROLLER_PORTS[$i]}#g" -e "s#@NODE_ID@#$node#" \
+      -e "s#@PROXIED_PORT@#${KAFKA_PROXIED_PORTS[$i]}#g" \
+      -e "s#@PROXY_PORT@#${KAFKA_PROXY_PORTS[$i]}#g" \
+      -e "s#@VOTERS@#$(kafka_voters)#" "$HERE/kafka/ha-server.properties" >"$dir/server.properties"
+  if [ ! -f "$dir/data/meta.properties" ]; then
+    kafka_tool kafka.tools.StorageTool format -t "$(kafka_cluster_id)" -c "$dir/server.properties" \
+      >"$dir/format.log" 2>&1 || die "kafka: formatting node $node failed, see $dir/format.log"
+  fi
+  step "kafka: starting node $node on localhost:${KAFKA_PORTS[$i]}"
+  background "$dir/logs/stdout.log" java -Xms"$HA_KAFKA_HEAP" -Xmx"$HA_KAFKA_HEAP" \
+    -XX:+UseG1GC -Dlog4j2.configurationFile="$ROOT/deploy/local/kafka/log4j2.properties" \
+    -Dkafka.logs.dir="$dir/logs" -cp "$KAFKA_LIBS/*" kafka.Kafka "$dir/server.properties"
+  echo $! >"$dir/kafka.pid"
+}
+
+kafka_node_wait() { # kafka_node_wait NODE
+  wait_for "kafka node $1" 120 listening "${KAFKA_PORTS[$(($1 - 1))]}" \
+    || die "kafka: node $1 did not open ${KAFKA_PORTS[$(($1 - 1))]}, see $(kafka_node_dir "$1")/logs/"
+}
+
+kafka_ha_up() {
+  kafka_fetch
+  local node
+  for node in 1 2 3; do kafka_node_up "$node"; done
+  for node in 1 2 3; do kafka_node_wait "$node"; done
   step "kafka: three nodes ready"
 }
 
@@ -110,24 +130,30 @@ pg_ha_up() {
       pg_autoctl run --pgdata "$PG_HA_DIR/monitor"
     wait_for monitor 60 listening "$PG_MONITOR_PORT" || die "postgres: monitor not up, see $HA_DIR/pg-monitor.log"
   fi
-  local i
-  for i in 0 1; do
-    local port=${PG_NODE_PORTS[$i]} data="$PG_HA_DIR/node$((i + 1))"
-    if listening "$port"; then step "postgres: node $((i + 1)) already on $port"; continue; fi
-    step "postgres: starting node $((i + 1)) on localhost:$port"
-    if [ -f "$data/PG_VERSION" ]; then
-      background "$HA_DIR/pg-node$((i + 1)).log" "${PG_AS[@]}" env PATH="$(pg_bindir):$PATH" \
-        pg_autoctl run --pgdata "$data"
-    else
-      background "$HA_DIR/pg-node$((i + 1)).log" "${PG_AS[@]}" env PATH="$(pg_bindir):$PATH" \
-        pg_autoctl create postgres --pgdata "$data" --pgport "$port" --hostname localhost \
-        --auth trust --no-ssl --monitor "$MONITOR_URI" --dbname "$PG_DB" --run
-    fi
-    # The first node becomes the primary before the second asks to follow it.
-    wait_for "node $((i + 1))" 120 pg_node_settled "$((i + 1))" \
-      || die "postgres: node $((i + 1)) did not settle, see $HA_DIR/pg-node$((i + 1)).log"
-  done
+  pg_node_up 1
+  pg_node_up 2
+  # The monitor turns synchronous replication on once the secondary has caught up.
+  wait_for "synchronous replication" 60 pg_sync_on \
+    || die "postgres: the primary has no synchronous standby, see $HA_DIR/pg-node*.log"
   step "postgres: a primary and a synchronous secondary ($(pg_sync_names))"
+}
+
+pg_node_up() { # pg_node_up NODE (1-2): create or restart it; waits until it settles
+  local port=${PG_NODE_PORTS[$(($1 - 1))]} data="$PG_HA_DIR/node$1"
+  if listening "$port"; then step "postgres: node $1 already on $port"; return 0; fi
+  step "postgres: starting node $1 on localhost:$port"
+  if [ -f "$data/PG_VERSION" ]; then
+    background "$HA_DIR/pg-node$1.log" "${PG_AS[@]}" env PATH="$(pg_bindir):$PATH" \
+      pg_autoctl run --pgdata "$data"
+  else
+    background "$HA_DIR/pg-node$1.log" "${PG_AS[@]}" env PATH="$(pg_bindir):$PATH" \
+      pg_autoctl create postgres --pgdata "$data" --pgport "$port" --hostname localhost \
+      --auth trust --no-ssl --monitor "$MONITOR_URI" --dbname "$PG_DB" --run
+  fi
+  # The first node becomes the primary before the second asks to follow it; a node that
+  # comes back after a failover rejoins as the secondary (pg_rewind or a new base backup).
+  wait_for "node $1" 180 pg_node_settled "$1" \
+    || die "postgres: node $1 did not settle, see $HA_DIR/pg-node$1.log"
 }
 
 pg_node_settled() { # the node reports single/primary/secondary; nudges a slow base backup
@@ -146,6 +172,10 @@ pg_sync_names() {
   done | grep . || echo "no synchronous standby yet"
 }
 
+pg_keeper_gone() { ! pgrep -f "pg_autoctl .*--pgdata $1( |\$)" >/dev/null; }
+
+pg_sync_on() { pg_sync_names | grep -q "ANY\|FIRST\|pgautofailover"; }
+
 pg_ha_down() {
   local n
   for n in node2 node1 monitor; do
@@ -153,22 +183,35 @@ pg_ha_down() {
     step "postgres: stopping $n"
     autoctl stop --pgdata "$PG_HA_DIR/$n" >/dev/null 2>&1 || true
   done
+  # `pg_autoctl stop` only asks: wait until each keeper has gone, or the next `up` finds it
+  for n in node2 node1 monitor; do
+    [ -f "$PG_HA_DIR/$n/PG_VERSION" ] || continue
+    wait_for "$n to stop" 60 pg_keeper_gone "$PG_HA_DIR/$n" || die "postgres: $n did not stop"
+  done
 }
 
 # -------------------------------------------------------------------- Redis
+redis_node_up() { # redis_node_up PORT: start it unless it listens, as the replica of the
+  # master the Sentinels name (a node back after a failover must not come back a master)
+  local port=$1 master_port=$REDIS_MASTER_PORT master
+  listening "$port" && return 0
+  if listening "${SENTINEL_PORTS[0]}"; then
+    master=$(redis-cli -p "${SENTINEL_PORTS[0]}" sentinel get-master-addr-by-name "$SENTINEL_MASTER" 2>/dev/null | sed -n 2p)
+    [ -n "$master" ] && master_port=$master
+  fi
+  local extra=()
+  [ "$port" != "$master_port" ] && extra=(--replicaof 127.0.0.1 "$master_port")
+  step "redis: starting $([ ${#extra[@]} = 0 ] && echo master || echo "replica of $master_port") on localhost:$port"
+  redis-server --bind 127.0.0.1 --port "$port" --daemonize yes --dir "$HA_DIR/redis" \
+    --pidfile "$HA_DIR/redis/redis-$port.pid" --logfile "$HA_DIR/redis/redis-$port.log" \
+    --save '' --appendonly no "${extra[@]}" >/dev/null || die "redis: $port failed to start"
+}
+
 redis_ha_up() {
   command -v redis-server >/dev/null 2>&1 || apt_install redis-server
   mkdir -p "$HA_DIR/redis"
   local port
-  for port in "$REDIS_MASTER_PORT" "$REDIS_REPLICA_PORT"; do
-    listening "$port" && continue
-    local extra=()
-    [ "$port" = "$REDIS_REPLICA_PORT" ] && extra=(--replicaof 127.0.0.1 "$REDIS_MASTER_PORT")
-    step "redis: starting $([ ${#extra[@]} = 0 ] && echo master || echo replica) on localhost:$port"
-    redis-server --bind 127.0.0.1 --port "$port" --daemonize yes --dir "$HA_DIR/redis" \
-      --pidfile "$HA_DIR/redis/redis-$port.pid" --logfile "$HA_DIR/redis/redis-$port.log" \
-      --save '' --appendonly no "${extra[@]}" >/dev/null || die "redis: $port failed to start"
-  done
+  for port in "$REDIS_MASTER_PORT" "$REDIS_REPLICA_PORT"; do redis_node_up "$port"; done
   for port in "${SENTINEL_PORTS[@]}"; do
     listening "$port" && continue
     step "redis: starting Sentinel on localhost:$port"
@@ -232,7 +275,9 @@ ha_status() {
   redis-cli -p "${SENTINEL_PORTS[0]}" sentinel get-master-addr-by-name "$SENTINEL_MASTER" 2>/dev/null \
     | paste -sd: | sed 's/^/  /' || echo "  Sentinels down"
   echo "Kafka partition leaders:"
-  local py=${PYTHON:-$ROOT/.venv/bin/python}
+  local py=${PYTHON:-$ROOT/.venv/bin/python} port any=""
+  for port in "${KAFKA_PORTS[@]}"; do listening "$port" && any=1; done
+  [ -n "$any" ] || { echo "  brokers down"; return 0; }
   (set -a; [ -f "$STACK_DIR/ha.env" ] && . "$STACK_DIR/ha.env"; set +a
    "$py" - <<'PY' || echo "  brokers down"
 import os
@@ -255,5 +300,9 @@ case "${1:-}" in
   up) ha_up ;;
   down) kafka_ha_down; redis_ha_down; pg_ha_down; step "ha stack is down" ;;
   status) ha_status ;;
-  *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+  # One node (re)started, for the HA chaos run after it killed that node:
+  kafka-node-up) kafka_fetch; kafka_node_up "$2"; kafka_node_wait "$2" ;;
+  pg-node-up) pg_node_up "$2" ;;
+  redis-node-up) redis_node_up "$2" ;;
+  *) echo "usage: $0 up|down|status|kafka-node-up N|pg-node-up N|redis-node-up PORT" >&2; exit 2 ;;
 esac

@@ -3,6 +3,7 @@ benchmark, the chaos run): created from the migrations, dropped afterwards."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 
 import asyncpg
@@ -13,8 +14,10 @@ from service.topics import NewTopic
 
 
 def admin_dsn(dsn: str, database: str = "postgres") -> str:
-    """The same server, another database (to create or drop ``dsn``'s siblings)."""
-    return dsn.rsplit("/", 1)[0] + "/" + database
+    """The same server(s), another database (to create or drop ``dsn``'s siblings); the
+    query (``target_session_attrs=read-write`` for a failover cluster) is kept."""
+    base, sep, query = dsn.partition("?")
+    return base.rsplit("/", 1)[0] + "/" + database + sep + query
 
 
 async def _on_server(dsn: str, statement: str) -> None:
@@ -30,6 +33,15 @@ async def create_database(dsn: str, name: str) -> str:
     """Create database ``name`` on ``dsn``'s server, migrate it, return its DSN."""
     await _on_server(dsn, f'CREATE DATABASE "{name}"')
     target = admin_dsn(dsn, name)
+    # A multi-host URL asks each host in turn, a standby too, and asyncpg gives up on the
+    # first refusal: the standby may not have replayed the CREATE yet (a synchronous
+    # standby confirms the WAL is flushed, not applied). It will, in a moment.
+    for _ in range(40):
+        try:
+            await (await asyncpg.connect(target)).close()
+            break
+        except asyncpg.InvalidCatalogNameError:
+            await asyncio.sleep(0.25)
     await migrate(target)
     return target
 
@@ -38,9 +50,13 @@ async def drop_database(dsn: str, name: str) -> None:
     await _on_server(dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def create_topics(bootstrap: str, partitions: dict[str, int]) -> None:
+def create_topics(bootstrap: str, partitions: dict[str, int], *,
+                  replication_factor: int = 1) -> None:
+    """Topics of ``partitions[name]`` partitions; a replicated cluster's brokers supply
+    ``min.insync.replicas`` and the rest of the topic defaults."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    futures = admin.create_topics([NewTopic(name, num_partitions=count, replication_factor=1)
+    futures = admin.create_topics([NewTopic(name, num_partitions=count,
+                                            replication_factor=replication_factor)
                                    for name, count in partitions.items()])
     for future in futures.values():
         future.result()

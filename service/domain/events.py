@@ -3,7 +3,7 @@ one transaction is byte-for-byte the same event with the same ``event_id``."""
 
 from __future__ import annotations
 
-from datetime import UTC
+from datetime import UTC, datetime
 
 import orjson
 
@@ -12,9 +12,13 @@ from service.domain.messages import event_id_for
 from service.domain.vocabulary import Result
 
 
+def event_time(moment: datetime) -> str:
+    """An event's ``processed_at``: UTC, to the millisecond, with a ``Z``."""
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 def result_event(stored: StoredResult) -> dict[str, object]:
     approved = stored.result is Result.APPROVED
-    processed_at = stored.processed_at.astimezone(UTC)
     return {
         "event_type": "PaymentAuthorized" if approved else "PaymentDeclined",
         "event_id": event_id_for(stored.transaction_id),
@@ -26,7 +30,7 @@ def result_event(stored: StoredResult) -> dict[str, object]:
         "result": stored.result.value,
         "decline_reason": None if approved else str(stored.decline_reason),
         "correlation_id": stored.correlation_id,
-        "processed_at": processed_at.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        "processed_at": event_time(stored.processed_at),
     }
 
 

@@ -20,12 +20,14 @@ from typing import Any
 
 import asyncpg
 import redis
+import redis.sentinel
 
 from service.adapters.kafka.admin import group_lag, read_snapshot
 from service.adapters.kafka.config import client_config
 from service.adapters.redis_cache import BUCKET_PREFIX
 from service.config import Settings
 from service.domain.dedup import read_fast_path_value
+from service.domain.events import event_time
 from service.verify import verify
 
 
@@ -75,7 +77,7 @@ async def _database(dsn: str, txns: list[str]) -> dict[str, Any]:
     conn = await asyncpg.connect(dsn)
     try:
         processed = {r["txn_id"]: r for r in await conn.fetch(
-            "SELECT txn_id, result, fingerprint, source_partition, source_offset "
+            "SELECT txn_id, result, fingerprint, source_partition, source_offset, processed_at "
             "FROM processed_transactions WHERE txn_id = ANY($1::text[])", txns)}
         ledger: dict[str, int] = defaultdict(int)
         for r in await conn.fetch("SELECT txn_id FROM ledger_entries "
@@ -87,6 +89,20 @@ async def _database(dsn: str, txns: list[str]) -> dict[str, Any]:
         return {"processed": processed, "ledger": ledger, "idle": idle}
     finally:
         await conn.close()
+
+
+def _redis(settings: Settings) -> redis.Redis:
+    """The Redis the workers write: the master the Sentinels name, when they are set."""
+    if settings.redis_sentinels:
+        sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+            settings.sentinel_addresses(), socket_timeout=5,
+            sentinel_kwargs={"password":
+                             settings.redis_sentinel_password.get_secret_value() or None})
+        return sentinel.master_for(  # type: ignore[no-untyped-call,no-any-return]
+            settings.redis_sentinel_master,
+            decode_responses=True, socket_timeout=5)
+    return redis.Redis.from_url(settings.redis_url.get_secret_value(), decode_responses=True,
+                                socket_timeout=5)
 
 
 def check(settings: Settings, log_path: Path, *, redis_prefix: str | None = None) -> Report:
@@ -195,11 +211,27 @@ def check(settings: Settings, log_path: Path, *, redis_prefix: str | None = None
             events.violations.append(f"{txn}: {len(seen)} events differ or disagree with DB")
     findings.append(events)
 
+    # --- what was announced is what the database holds. A decision published (and its
+    # offset committed) that the database lost, as a failover to a standby that lacked the
+    # commit would, shows here: an event for a transaction without a record, or one whose
+    # decision time is not the record's (the transaction was decided again later).
+    announced = Finding("every event names a decision the database holds")
+    for txn, seen in by_txn.items():
+        row = processed.get(txn)
+        if row is None:
+            if not (ledger.get(txn) and seen[0]["result"] == "APPROVED"):  # purged record
+                announced.violations.append(f"{txn}: {seen[0]['result']} published, "
+                                            "no decision in the database")
+        elif seen[0]["processed_at"] != event_time(row["processed_at"]):
+            announced.violations.append(
+                f"{txn}: published as decided at {seen[0]['processed_at']}, the database's "
+                f"decision is of {event_time(row['processed_at'])}")
+    findings.append(announced)
+
     # --- Redis: a key only for a committed row
     cache = Finding("every Redis dedup key has a committed database row")
     if redis_prefix is not None:
-        client = redis.Redis.from_url(settings.redis_url.get_secret_value(),
-                                      decode_responses=True, socket_timeout=5)
+        client = _redis(settings)
         try:
             for bucket in client.scan_iter(match=f"{BUCKET_PREFIX}*", count=100):
                 for txn, value in client.hscan_iter(bucket, match=f"{redis_prefix}*",

@@ -9,7 +9,8 @@ Each log line is one message as the broker acknowledged it (partition and offset
 delivery report):
 
     {"seq": 17, "kind": "dup_new_message_id", "txn": "CH-ab12-000017", "fp": "…",
-     "expect": "approved", "reason": null, "partition": 3, "offset": 1204}
+     "expect": "approved", "reason": null, "partition": 3, "offset": 1204,
+     "key": "…", "acked": 1796021814.761}
 
 ``expect`` is the transaction's result (approved/declined), or ``conflict`` / ``invalid``
 for messages that must end in the dead-letter topic (``reason`` then says which).
@@ -113,7 +114,7 @@ class LoadGenerator:
                 return
             line = {"seq": seq, "kind": kind, "txn": txn, "fp": fp, "expect": expect,
                     "reason": reason, "partition": msg.partition(), "offset": msg.offset(),
-                    "key": key}
+                    "key": key, "acked": round(time.time(), 3)}
             with self._log_lock:
                 self._log.write(json.dumps(line) + "\n")
 

@@ -14,11 +14,13 @@ import time
 
 
 class TcpProxy:
-    def __init__(self, target_port: int, target_host: str = "127.0.0.1") -> None:
+    def __init__(self, target_port: int, target_host: str = "127.0.0.1",
+                 listen_port: int = 0) -> None:
+        """``listen_port`` 0: any free port (read ``port``)."""
         self._target = (target_host, target_port)
         self._listener = socket.socket()
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._listener.bind(("127.0.0.1", 0))
+        self._listener.bind(("127.0.0.1", listen_port))
         self._listener.listen(128)
         self.port = int(self._listener.getsockname()[1])
         self._lock = threading.Lock()

@@ -39,7 +39,9 @@ from service.adapters.kafka.admin import group_lag
 from service.adapters.kafka.config import client_config
 from service.config import Settings, load_settings
 from service.devtools import scratch
-from service.devtools.chaos.checker import check
+from service.devtools.chaos.checker import check, read_log
+from service.devtools.chaos.gaps import CommitObserver, Gap, gaps_by_kind
+from service.devtools.chaos.gaps import render as render_gaps
 from service.devtools.chaos.generator import LoadGenerator, seed_accounts
 from service.devtools.chaos.proxy import TcpProxy
 from service.devtools.processes import ROOT, WorkerProcess
@@ -175,6 +177,7 @@ class Chaos:
         self.out = out_dir
         self.run = uuid.uuid4().hex[:6]
         self.faults: Counter[str] = Counter()
+        self.fault_starts: list[tuple[str, float]] = []
         self.errors: list[str] = []
         self.stop_faults = threading.Event()
         self.database = f"payauth_chaos_{self.run}"
@@ -204,15 +207,22 @@ class Chaos:
         )
         proxied = self.dsn.replace(self.dsn.split("://", 1)[1].split("/", 1)[0],
                                    f"127.0.0.1:{self.proxy.port}")
+        env = self.worker_env({
+            "PAYAUTH_KAFKA_BOOTSTRAP_SERVERS": self.settings.kafka_bootstrap_servers,
+            "PAYAUTH_DATABASE_URL": proxied,
+            "PAYAUTH_REDIS_URL": f"redis://127.0.0.1:{self.redis.port}/0",
+        })
+        self.supervisor = Supervisor(env, self.out / "workers")
+
+    def worker_env(self, where: dict[str, str]) -> dict[str, str]:
+        """The workers' environment: ``where`` the services are, this run's names, and
+        timeouts short enough for faults to show within seconds."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("PAYAUTH_")}
         env.update({
-            "PAYAUTH_KAFKA_BOOTSTRAP_SERVERS": self.settings.kafka_bootstrap_servers,
             "PAYAUTH_GROUP_ID": self.group,
             "PAYAUTH_INPUT_TOPIC": self.topics["in"],
             "PAYAUTH_OUTPUT_TOPIC": self.topics["out"],
             "PAYAUTH_DLQ_TOPIC": self.topics["dlq"],
-            "PAYAUTH_DATABASE_URL": proxied,
-            "PAYAUTH_REDIS_URL": f"redis://127.0.0.1:{self.redis.port}/0",
             "PAYAUTH_REDIS_TIMEOUT_SECONDS": "0.3",
             "PAYAUTH_METRICS_PORT": "0",
             "PAYAUTH_LOG_LEVEL": "INFO",
@@ -226,7 +236,8 @@ class Chaos:
             "PAYAUTH_RETRY_BACKOFF_MAX_MS": "2000",
             "PAYAUTH_PURGE_INTERVAL_SECONDS": "0",
         })
-        self.supervisor = Supervisor(env, self.out / "workers")
+        env.update(where)
+        return env
 
     # ----------------------------------------------------------------- faults
     def worker_faults(self) -> dict[str, Callable[[], None]]:
@@ -335,12 +346,14 @@ class Chaos:
         interval = self.seconds / max(1, len(schedule))
         started = time.monotonic()
         for i, kind in enumerate(schedule):
-            wait = started + i * interval - time.monotonic()
+            # half an interval in: the first fault finds the workers at work
+            wait = started + (i + 0.5) * interval - time.monotonic()
             if wait > 0 and self.stop_faults.wait(wait):
                 return
             if self.stop_faults.is_set():
                 return
             log(f"{name}: {kind}")
+            self.fault_starts.append((kind, time.time()))
             try:
                 faults[kind]()
                 self.faults[kind] += 1
@@ -355,6 +368,9 @@ class Chaos:
             f"{self.per_kind} fault(s) of each kind; artifacts in {self.out}")
         self.setup()
         self.supervisor.start()
+        observer = CommitObserver(client_config(self.worker_settings), self.group,
+                                  self.topics["in"], PARTITIONS)
+        observer.start()
         truth = self.out / "truth.jsonl"
         generator = LoadGenerator(
             bootstrap=self.settings.kafka_bootstrap_servers, topic=self.topics["in"],
@@ -381,10 +397,13 @@ class Chaos:
             lane.join()
         self.heal()
         caught_up = self.wait_for_zero_lag(timeout=600)
+        observer.stop()
         self.supervisor.stop()
         report = check(self.worker_settings, truth, redis_prefix=f"CH-{self.run}-")
         ok = caught_up and report.ok and not generator.failed and not self.errors
-        text = self.table(generator.sent, report, generator.failed)
+        writes = [(m["acked"], m["partition"], m["offset"]) for m in read_log(truth)]
+        text = self.table(generator.sent, report, generator.failed,
+                          gaps_by_kind(observer.samples, self.fault_starts, writes))
         print(text)
         (self.out / "report.txt").write_text(text + "\n")
         self.cleanup(keep=not ok)
@@ -416,7 +435,8 @@ class Chaos:
         log(f"lag did not reach zero in {timeout:.0f} s ({remaining} left)")
         return False
 
-    def table(self, sent: Counter[str], report: object, failed: list[str]) -> str:
+    def table(self, sent: Counter[str], report: object, failed: list[str],
+              gaps: dict[str, list[Gap]]) -> str:
         from service.devtools.chaos.checker import Report
 
         assert isinstance(report, Report)
@@ -434,6 +454,14 @@ class Chaos:
         for layer in ("redis", "postgres"):
             key = 'payauth_duplicates_total{layer="' + layer + '"}'
             lines.append(f"  {layer:<32}{totals[key]:>10}")
+        lines += ["", "gap after each fault: until a message sent after it is decided and",
+                  "committed on some partition / on every partition (see chaos/gaps.py)",
+                  "-" * 72]
+        lines += render_gaps(gaps)
+        decided = report.accounted.get("approved", 0) + report.accounted.get("declined", 0)
+        violations = sum(len(f.violations) for f in report.findings)
+        lines += ["", f"  {'messages decided during the run':<32}{decided:>10}",
+                  f"  {'violations (must be 0)':<32}{violations:>10}"]
         lines += ["", "invariants", "-" * 44, report.render()]
         if failed or self.errors:
             lines += ["", "run problems:"] + [f"  {e}" for e in failed + self.errors]

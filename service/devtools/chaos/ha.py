@@ -1,0 +1,215 @@
+"""``make ha-chaos``: the chaos run on the replicated stack (``make ha-up``), with the
+failures a bank's payments run on these engines meets, and the same checker and table.
+
+Three workers in one group reach the brokers through a TCP proxy each (the brokers'
+PROXIED listener), PostgreSQL through the multi-host URL (``target_session_attrs``), Redis
+through the Sentinels. Two lanes of seeded faults: the worker faults of ``make chaos``, and:
+
+- ``postgres_primary_killed``: kill -9 of the primary node (keeper and server); the monitor
+  promotes the synchronous secondary; the old primary rejoins as the secondary;
+- ``postgres_switchover``: ``pg_autoctl perform switchover``;
+- ``kafka_leader_killed``: kill -9 of the node leading the most input/output partitions
+  (each node in turn), restarted 5-15 s later;
+- ``kafka_broker_paused``: SIGSTOP of a node for 12 s (past the 9 s broker session
+  timeout: the controller fences it and moves its leaders), then SIGCONT;
+- ``redis_master_killed``: kill -9 of the Redis master; the Sentinels promote the replica;
+  the old master rejoins as a replica;
+- ``kafka_broker_cut``: the workers' proxy to one broker resets every connection and
+  refuses new ones for 3-10 s (replication between brokers carries on).
+
+Each fault ends with the engine whole again (replicas in sync), so the next finds a healthy
+cluster. The table adds each fault kind's gap (seconds from the fault until batches commit
+again; see gaps.py).
+
+``HA_CHAOS_CONTROL=async`` is the negative control: the workers commit with
+``synchronous_commit=local``, the primary's WAL sender is stopped during a burst, and the
+primary is killed right after it. The checker must then FAIL (decisions published and
+offsets committed that the new primary does not have); if it passes, it cannot see the
+failure synchronous replication is there to prevent.
+
+    CHAOS_SECONDS (600)  CHAOS_SEED (1)  CHAOS_RATE (100)  CHAOS_FAULTS_PER_KIND (3)
+    HA_CHAOS_KINDS: comma-separated fault kinds to run (default: all of both lanes)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import SecretStr
+
+from service.config import Settings, load_settings
+from service.devtools import scratch
+from service.devtools.chaos import ha_stack as ha
+from service.devtools.chaos.generator import seed_accounts
+from service.devtools.chaos.proxy import TcpProxy
+from service.devtools.chaos.run import PARTITIONS, Chaos, Supervisor, log
+from service.devtools.processes import ROOT
+
+HA_ENV = ROOT / ".stack/ha.env"
+
+
+class HaChaos(Chaos):
+    def __init__(self, settings: Settings, seconds: float, seed: int, rate: float,
+                 per_kind: int, out_dir: Path, *, kinds: set[str] | None,
+                 control: bool) -> None:
+        super().__init__(settings, seconds, seed, rate, per_kind, out_dir)
+        self.kinds = kinds
+        self.control = control
+        self.killed_brokers: set[int] = set()
+
+    # ------------------------------------------------------------------ setup
+    def setup(self) -> None:
+        asyncio.run(scratch.create_database(self.dsn, self.database))
+        bootstrap = self.settings.kafka_bootstrap_servers
+        scratch.create_topics(bootstrap, {self.topics["in"]: PARTITIONS,
+                                          self.topics["out"]: PARTITIONS,
+                                          self.topics["dlq"]: 3}, replication_factor=3)
+        ha.kafka_wait_in_sync(self.replicated_topics())
+        self.broker_proxies = [TcpProxy(inner, listen_port=outer) for inner, outer
+                               in zip(ha.KAFKA_PROXIED_PORTS, ha.KAFKA_PROXY_PORTS,
+                                      strict=True)]
+        self.accounts = asyncio.run(seed_accounts(self.dsn, self.run))
+        self.worker_settings = Settings(
+            kafka_bootstrap_servers=bootstrap, group_id=self.group,
+            input_topic=self.topics["in"], output_topic=self.topics["out"],
+            dlq_topic=self.topics["dlq"], database_url=SecretStr(self.dsn),
+            redis_sentinels=self.settings.redis_sentinels,
+            redis_sentinel_master=self.settings.redis_sentinel_master)
+        dsn = self.dsn + ("&synchronous_commit=local" if self.control else "")
+        env = self.worker_env({
+            "PAYAUTH_KAFKA_BOOTSTRAP_SERVERS": ",".join(
+                f"localhost:{port}" for port in ha.KAFKA_PROXY_PORTS),
+            "PAYAUTH_DATABASE_URL": dsn,
+            "PAYAUTH_REDIS_SENTINELS": self.settings.redis_sentinels,
+            "PAYAUTH_REDIS_SENTINEL_MASTER": self.settings.redis_sentinel_master,
+        })
+        self.supervisor = Supervisor(env, self.out / "workers")
+
+    def replicated_topics(self) -> list[str]:
+        return [self.topics["in"], self.topics["out"]]
+
+    # ----------------------------------------------------------------- faults
+    def _only(self, faults: dict[str, Callable[[], None]]) -> dict[str, Callable[[], None]]:
+        return {k: f for k, f in faults.items() if self.kinds is None or k in self.kinds}
+
+    def worker_faults(self) -> dict[str, Callable[[], None]]:
+        return {} if self.control else self._only(super().worker_faults())
+
+    def infra_faults(self) -> dict[str, Callable[[], None]]:
+        if self.control:
+            return {"postgres_primary_killed_async": self.postgres_primary_killed_async}
+        return self._only({
+            "postgres_primary_killed": self.postgres_primary_killed,
+            "postgres_switchover": ha.pg_switchover,
+            "kafka_leader_killed": self.kafka_leader_killed,
+            "kafka_broker_paused": self.kafka_broker_paused,
+            "redis_master_killed": self.redis_master_killed,
+            "kafka_broker_cut": self.kafka_broker_cut,
+        })
+
+    def postgres_primary_killed(self) -> None:
+        primary = ha.pg_primary()
+        ha.pg_kill(primary)
+        ha.pg_wait_failover(primary)
+        log(f"postgres: node {3 - primary} promoted; node {primary} rejoins")
+        ha.pg_restart(primary)
+
+    def postgres_primary_killed_async(self) -> None:
+        """The negative control's fault: commits that never leave the primary (its WAL
+        sender stopped), then the primary's death."""
+        primary = ha.pg_primary()
+        os.kill(ha.walsender_pid(primary), signal.SIGSTOP)
+        time.sleep(4)  # a burst decided, published and its offsets committed (500 ms)
+        ha.pg_kill(primary)  # the stopped sender with it
+        ha.pg_wait_failover(primary)
+        log(f"postgres: node {3 - primary} promoted without the burst; node {primary} rejoins")
+        ha.pg_restart(primary)
+
+    def kafka_leader_killed(self) -> None:
+        topics = self.replicated_topics()
+        leaders = ha.kafka_leaders(topics)
+        if len(self.killed_brokers) == len(leaders):
+            self.killed_brokers.clear()  # each node in turn, then again
+        node = max((n for n in leaders if n not in self.killed_brokers), key=leaders.__getitem__)
+        self.killed_brokers.add(node)
+        log(f"kafka: killing node {node}, leader of {leaders[node]} partitions")
+        ha.kafka_kill(node)
+        time.sleep(self.rng.uniform(5, 15))
+        ha.kafka_restart(node, topics)
+
+    def kafka_broker_paused(self) -> None:
+        node = self.rng.randint(1, 3)
+        ha.kafka_pause(node)
+        try:
+            time.sleep(12)
+        finally:
+            ha.kafka_resume(node)
+        ha.kafka_wait_in_sync(self.replicated_topics())
+
+    def redis_master_killed(self) -> None:
+        master = ha.redis_master()
+        ha.redis_kill(master)
+        ha.redis_wait_failover(master)
+        ha.redis_restart(master)
+
+    def kafka_broker_cut(self) -> None:
+        proxy = self.broker_proxies[self.rng.randrange(len(self.broker_proxies))]
+        proxy.cut()
+        try:
+            time.sleep(self.rng.uniform(3, 10))
+        finally:
+            proxy.restore()
+
+    # ---------------------------------------------------------- heal, cleanup
+    def heal(self) -> None:
+        log("faults stopped; healing: every proxy open, three workers running")
+        for proxy in self.broker_proxies:
+            proxy.restore()
+        for slot, worker in enumerate(self.supervisor.slots):
+            if worker is not None:
+                worker.signal(signal.SIGCONT)
+            self.supervisor.release(slot)
+
+    def cleanup(self, *, keep: bool) -> None:
+        for proxy in self.broker_proxies:
+            proxy.close()
+        if keep and not self.control:  # the control's failure is the expected one
+            log(f"kept database {self.database} and topics chaos.{self.run}.* for inspection")
+            return
+        scratch.delete_topics(self.settings.kafka_bootstrap_servers, list(self.topics.values()))
+        asyncio.run(scratch.drop_database(self.dsn, self.database))
+
+
+def read_ha_env(path: Path = HA_ENV) -> dict[str, str]:
+    """The ``PAYAUTH_*`` lines ``make ha-up`` wrote."""
+    if not path.exists():
+        raise SystemExit("ha-chaos: no .stack/ha.env: start the replicated stack with make ha-up")
+    pairs = (line.split("=", 1) for line in path.read_text().splitlines()
+             if "=" in line and not line.startswith("#"))
+    return {key.strip(): value.strip() for key, value in pairs}
+
+
+def main() -> int:
+    os.environ.update(read_ha_env())
+    control = os.environ.get("HA_CHAOS_CONTROL", "") == "async"
+    seconds = float(os.environ.get("CHAOS_SECONDS", "90" if control else "600"))
+    kinds = {k.strip() for k in os.environ.get("HA_CHAOS_KINDS", "").split(",") if k.strip()}
+    out = Path(os.environ.get("CHAOS_OUT", str(ROOT / ".chaos" / ("ha-" + time.strftime(
+        "%Y%m%d-%H%M%S")))))
+    run = HaChaos(load_settings(), seconds, int(os.environ.get("CHAOS_SEED", "1")),
+                  float(os.environ.get("CHAOS_RATE", "100")),
+                  int(os.environ.get("CHAOS_FAULTS_PER_KIND", "1" if control else "3")), out,
+                  kinds=kinds or None, control=control)
+    if control:
+        log("negative control: asynchronous commits, the standby behind at the kill; "
+            "the checker must report what was lost")
+    return run.execute()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,248 @@
+"""The local replicated stack (``make ha-up``, deploy/local/ha.sh) seen from the HA chaos
+run: which node leads, how to kill or pause one the way a crash or a frozen host would, and
+how to bring it back. Starting a node is ha.sh's job (one place for its command line); this
+module finds processes, signals them and waits for the engines to agree again.
+
+The ports are ha.sh's (a deploy test holds the two to the same values).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import asyncpg
+import redis
+from confluent_kafka.admin import AdminClient
+
+from service.devtools.processes import ROOT
+
+HA_SH = ROOT / "deploy/local/ha.sh"
+HA_DIR = ROOT / ".stack/ha"
+KAFKA_PORTS = (19092, 19093, 19094)
+KAFKA_PROXIED_PORTS = (19292, 19293, 19294)  # the PROXIED listener, behind the proxies
+KAFKA_PROXY_PORTS = (19392, 19393, 19394)  # what that listener advertises
+PG_MONITOR_PORT = 15432
+PG_NODE_PORTS = (15433, 15434)
+REDIS_PORTS = (16379, 16380)
+SENTINEL_PORTS = (26379, 26380, 26381)
+SENTINEL_MASTER = "payauth"
+
+
+def pg_ha_dir() -> Path:
+    default = "/var/lib/postgresql/payauth-ha" if os.geteuid() == 0 else str(HA_DIR / "postgres")
+    return Path(os.environ.get("PG_HA_DIR", default))
+
+
+def _wait(what: str, condition: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if condition():
+                return
+        except Exception:  # a node being killed or promoted answers oddly for a while
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"{what}: not within {timeout:.0f} s")
+
+
+def _ha_sh(*args: str) -> None:
+    subprocess.run(["bash", str(HA_SH), *args], check=True, stdout=subprocess.DEVNULL,
+                   env={**os.environ, "PYTHON": os.environ.get("PYTHON", "python3")})
+
+
+def _kill_group(pid: int, sig: int) -> None:
+    """Signal the process group ``pid`` leads or belongs to: ha.sh starts each node in a
+    session of its own, so this is the whole node (keeper and server), as a crash is."""
+    os.killpg(os.getpgid(pid), sig)
+
+
+def _pidfile(path: Path) -> int:
+    return int(path.read_text().split()[0])
+
+
+# ------------------------------------------------------------------ PostgreSQL
+def _query(port: int, sql: str) -> object:
+    async def run() -> object:
+        conn = await asyncpg.connect(host="localhost", port=port, user="postgres",
+                                     database="postgres", timeout=2)
+        try:
+            return await conn.fetchval(sql, timeout=2)
+        finally:
+            await conn.close()
+    return asyncio.run(run())
+
+
+def pg_primary() -> int:
+    """The node (1 or 2) that takes writes now."""
+    for node, port in enumerate(PG_NODE_PORTS, 1):
+        try:
+            if _query(port, "SELECT NOT pg_is_in_recovery()"):
+                return node
+        except (OSError, asyncpg.PostgresError, TimeoutError):
+            continue
+    raise RuntimeError("no PostgreSQL node takes writes")
+
+
+def pg_healthy() -> bool:
+    """A primary with synchronous replication on, a secondary streaming to it."""
+    primary = PG_NODE_PORTS[pg_primary() - 1]
+    names = _query(primary, "SELECT current_setting('synchronous_standby_names')")
+    streaming = _query(primary, "SELECT count(*) FROM pg_stat_replication "
+                                "WHERE state = 'streaming' AND sync_state IN ('sync', 'quorum')")
+    return bool(names) and streaming == 1
+
+
+def pg_kill(node: int) -> None:
+    """kill -9 of the node, as a crash of its host: its pg_autoctl keeper, its postmaster
+    and every PostgreSQL process. Each server process is in a session of its own (the
+    postmaster's children call setsid), so they are found by parent, and killed first: a
+    backend left behind keeps the shared memory and the node would not start again."""
+    postmaster = _pidfile(pg_ha_dir() / f"node{node}" / "postmaster.pid")
+    for child in _children(postmaster):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
+    _kill_group(postmaster, signal.SIGKILL)
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            # pid (comm) state ppid ...: comm may hold spaces, so split after its ')'
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid:
+                out.append(int(stat.parent.name))
+    return out
+
+
+def pg_wait_failover(dead: int, timeout: float = 120) -> None:
+    _wait("PostgreSQL failover", lambda: pg_primary() != dead, timeout)
+
+
+def pg_restart(node: int) -> None:
+    """The node back (pg_rewind or a new base backup: pg_auto_failover decides), then until
+    replication is synchronous again."""
+    _ha_sh("pg-node-up", str(node))
+    _wait("PostgreSQL synchronous replication", pg_healthy, 180)
+
+
+def pg_switchover() -> None:
+    """A planned switchover, as an operator would ask it of the monitor."""
+    as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    bindir = _pg_bindir()
+    subprocess.run([*as_postgres, "env", f"PATH={bindir}:{os.environ['PATH']}",
+                    "pg_autoctl", "perform", "switchover", "--pgdata",
+                    str(pg_ha_dir() / "monitor"), "--wait", "120"],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _wait("PostgreSQL synchronous replication", pg_healthy, 180)
+
+
+def _pg_bindir() -> str:
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_autoctl"))
+    if not found:
+        raise RuntimeError("pg_autoctl is not installed (make ha-up installs it)")
+    return str(found[-1].parent)
+
+
+def walsender_pid(node: int) -> int:
+    """The process streaming WAL from ``node`` (the primary) to its standby. Stopping it
+    keeps new WAL on the primary alone; stopping the standby's receiver would not (what was
+    sent waits in the socket's buffers and is read on resumption, even after the primary
+    died)."""
+    pid = _query(PG_NODE_PORTS[node - 1], "SELECT pid FROM pg_stat_replication")
+    if not isinstance(pid, int):
+        raise RuntimeError(f"node {node} streams to no standby (is it the primary?)")
+    return pid
+
+
+# ----------------------------------------------------------------------- Kafka
+def _admin() -> AdminClient:
+    return AdminClient({"bootstrap.servers": ",".join(f"localhost:{p}" for p in KAFKA_PORTS),
+                        "log_level": 0})
+
+
+def kafka_leaders(topics: list[str]) -> Counter[int]:
+    """How many of ``topics``' partitions each node (1-3) leads."""
+    meta = _admin().list_topics(timeout=10)
+    counts: Counter[int] = Counter({1: 0, 2: 0, 3: 0})
+    for name in topics:
+        for part in meta.topics[name].partitions.values():
+            if part.leader > 0:
+                counts[part.leader] += 1
+    return counts
+
+
+def kafka_in_sync(topics: list[str]) -> bool:
+    """Every partition of ``topics`` led, with all three replicas in sync."""
+    meta = _admin().list_topics(timeout=10)
+    return all(p.leader > 0 and len(p.isrs) == 3
+               for name in topics for p in meta.topics[name].partitions.values())
+
+
+def _kafka_pid(node: int) -> int:
+    return _pidfile(HA_DIR / f"kafka-{node}" / "kafka.pid")
+
+
+def kafka_kill(node: int) -> None:
+    _kill_group(_kafka_pid(node), signal.SIGKILL)
+
+
+def kafka_pause(node: int) -> None:
+    os.kill(_kafka_pid(node), signal.SIGSTOP)
+
+
+def kafka_resume(node: int) -> None:
+    os.kill(_kafka_pid(node), signal.SIGCONT)
+
+
+def kafka_restart(node: int, topics: list[str]) -> None:
+    _ha_sh("kafka-node-up", str(node))
+    kafka_wait_in_sync(topics)
+
+
+def kafka_wait_in_sync(topics: list[str], timeout: float = 180) -> None:
+    _wait("Kafka replicas back in sync", lambda: kafka_in_sync(topics), timeout)
+
+
+# ----------------------------------------------------------------------- Redis
+def _sentinel(port: int) -> redis.Redis:
+    return redis.Redis(port=port, socket_timeout=2, decode_responses=True)
+
+
+def redis_master() -> int:
+    """The master's port, as the Sentinels name it."""
+    for port in SENTINEL_PORTS:
+        try:
+            _, master_port = _sentinel(port).sentinel_get_master_addr_by_name(  # type: ignore[no-untyped-call]
+                SENTINEL_MASTER)
+            return int(master_port)
+        except (redis.RedisError, TypeError):
+            continue
+    raise RuntimeError("no Sentinel answers")
+
+
+def redis_kill(port: int) -> None:
+    os.kill(_pidfile(HA_DIR / "redis" / f"redis-{port}.pid"), signal.SIGKILL)
+
+
+def redis_wait_failover(dead: int, timeout: float = 60) -> None:
+    _wait("Sentinel failover", lambda: redis_master() != dead, timeout)
+
+
+def redis_restart(port: int) -> None:
+    """Back as the replica of the master the Sentinels promoted."""
+    _ha_sh("redis-node-up", str(port))
+
+    def replicating() -> bool:
+        client = redis.Redis(port=port, socket_timeout=2)
+        info: dict[str, object] = client.info("replication")  # type: ignore[assignment]
+        return info.get("role") == "slave" and info.get("master_link_status") == "up"
+    _wait("Redis replica linked", replicating, 60)

@@ -1,0 +1,58 @@
+"""The replicated local stack: deploy/local/ha.sh starts it, the HA chaos run
+(service/devtools/chaos/ha_stack.py) finds its nodes by the same ports and names, and each
+Kafka node's configuration keeps the durability settings the worker relies on."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from service.devtools.chaos import ha_stack
+
+ROOT = Path(__file__).resolve().parents[2]
+HA_SH = (ROOT / "deploy/local/ha.sh").read_text()
+KAFKA_PROPERTIES = (ROOT / "deploy/local/kafka/ha-server.properties").read_text()
+
+
+def _array(name: str) -> tuple[int, ...]:
+    found = re.search(rf"^{name}=\(([0-9 ]+)\)$", HA_SH, re.M)
+    assert found, f"{name} is not an array of ports in ha.sh"
+    return tuple(int(p) for p in found.group(1).split())
+
+
+def _scalar(name: str) -> str:
+    found = re.search(rf"^{name}=(\S+)$", HA_SH, re.M)
+    assert found, f"{name} is not set in ha.sh"
+    return found.group(1)
+
+
+def test_the_chaos_run_knows_the_ports_ha_sh_uses() -> None:
+    assert _array("KAFKA_PORTS") == ha_stack.KAFKA_PORTS
+    assert _array("KAFKA_PROXIED_PORTS") == ha_stack.KAFKA_PROXIED_PORTS
+    assert _array("KAFKA_PROXY_PORTS") == ha_stack.KAFKA_PROXY_PORTS
+    assert _array("PG_NODE_PORTS") == ha_stack.PG_NODE_PORTS
+    assert _array("SENTINEL_PORTS") == ha_stack.SENTINEL_PORTS
+    assert int(_scalar("PG_MONITOR_PORT")) == ha_stack.PG_MONITOR_PORT
+    assert (int(_scalar("REDIS_MASTER_PORT")), int(_scalar("REDIS_REPLICA_PORT"))) \
+        == ha_stack.REDIS_PORTS
+    assert _scalar("SENTINEL_MASTER") == ha_stack.SENTINEL_MASTER
+
+
+def test_kafka_nodes_keep_acknowledged_writes() -> None:
+    settings = dict(line.split("=", 1) for line in KAFKA_PROPERTIES.splitlines()
+                    if "=" in line and not line.startswith("#"))
+    assert settings["default.replication.factor"] == "3"
+    assert settings["min.insync.replicas"] == "2"
+    assert settings["unclean.leader.election.enable"] == "false"
+    assert settings["offsets.topic.replication.factor"] == "3"
+    assert settings["auto.create.topics.enable"] == "false"
+    # the proxied listener advertises the proxy's port, not its own
+    assert "PROXIED://localhost:@PROXIED_PORT@" in settings["listeners"]
+    assert "PROXIED://localhost:@PROXY_PORT@" in settings["advertised.listeners"]
+
+
+def test_ha_sh_has_a_start_command_for_each_node_the_chaos_run_restarts() -> None:
+    for command in ("kafka-node-up)", "pg-node-up)", "redis-node-up)"):
+        assert command in HA_SH
+    for name in ("kafka-node-up", "pg-node-up", "redis-node-up"):
+        assert f'"{name}"' in (ROOT / "service/devtools/chaos/ha_stack.py").read_text()
