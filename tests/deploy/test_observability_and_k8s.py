@@ -16,7 +16,7 @@ from service.metrics import REGISTRY
 
 ROOT = Path(__file__).resolve().parents[2]
 PROM = ROOT / "deploy/prometheus"
-K8S = ROOT / "deploy/k8s"
+K8S = ROOT / "deploy/k8s/base"
 
 
 def exported_series() -> set[str]:

@@ -16,6 +16,12 @@ def client_config(settings: Settings) -> dict[str, Any]:
         "security.protocol": settings.kafka_security_protocol,
         "client.id": f"payauth-{settings.instance_id()}",
         "logger": librdkafka_logger(settings.kafka_log_interval_seconds),
+        # A broker that holds a connection open and answers nothing (paused, blackholed)
+        # costs a request this long before the client gives up on it and asks the cluster
+        # again (librdkafka's default, 60 s, stalled partitions a minute in the HA chaos run).
+        "socket.timeout.ms": 10_000,
+        # Back to a broker within a second of its return, not after up to 10 s of backoff.
+        "reconnect.backoff.max.ms": 1_000,
     }
     if settings.kafka_sasl_mechanism:
         conf["sasl.mechanism"] = settings.kafka_sasl_mechanism

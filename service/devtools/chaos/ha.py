@@ -12,14 +12,17 @@ through the Sentinels. Two lanes of seeded faults: the worker faults of ``make c
   (each node in turn), restarted 5-15 s later;
 - ``kafka_broker_paused``: SIGSTOP of a node for 12 s (past the 9 s broker session
   timeout: the controller fences it and moves its leaders), then SIGCONT;
+- ``kafka_not_enough_replicas``: a node killed, and once it is fenced the output topic's
+  ``min.insync.replicas`` raised to 3 for 8-15 s: every result write is refused, past the
+  workers' delivery timeout (5 s here); then 2 again and the node back;
 - ``redis_master_killed``: kill -9 of the Redis master; the Sentinels promote the replica;
   the old master rejoins as a replica;
 - ``kafka_broker_cut``: the workers' proxy to one broker resets every connection and
   refuses new ones for 3-10 s (replication between brokers carries on).
 
 Each fault ends with the engine whole again (replicas in sync), so the next finds a healthy
-cluster. The table adds each fault kind's gap (seconds from the fault until batches commit
-again; see gaps.py).
+cluster. The workers' delivery timeout is 5 s, so that a broker gone outlasts it. The table
+adds each fault kind's gap (see gaps.py) and the workers' batch retries by cause.
 
 ``HA_CHAOS_CONTROL=async`` is the negative control: the workers commit with
 ``synchronous_commit=local``, the primary's WAL sender is stopped during a burst, and the
@@ -87,6 +90,8 @@ class HaChaos(Chaos):
             "PAYAUTH_DATABASE_URL": dsn,
             "PAYAUTH_REDIS_SENTINELS": self.settings.redis_sentinels,
             "PAYAUTH_REDIS_SENTINEL_MASTER": self.settings.redis_sentinel_master,
+            # shorter than a broker's fencing (9 s) and the faults: deliveries time out
+            "PAYAUTH_DELIVERY_TIMEOUT_MS": "5000",
         })
         self.supervisor = Supervisor(env, self.out / "workers")
 
@@ -108,6 +113,7 @@ class HaChaos(Chaos):
             "postgres_switchover": ha.pg_switchover,
             "kafka_leader_killed": self.kafka_leader_killed,
             "kafka_broker_paused": self.kafka_broker_paused,
+            "kafka_not_enough_replicas": self.kafka_not_enough_replicas,
             "redis_master_killed": self.redis_master_killed,
             "kafka_broker_cut": self.kafka_broker_cut,
         })
@@ -115,9 +121,11 @@ class HaChaos(Chaos):
     def postgres_primary_killed(self) -> None:
         primary = ha.pg_primary()
         ha.pg_kill(primary)
-        ha.pg_wait_failover(primary)
-        log(f"postgres: node {3 - primary} promoted; node {primary} rejoins")
-        ha.pg_restart(primary)
+        try:
+            ha.pg_wait_failover(primary)
+            log(f"postgres: node {3 - primary} promoted; node {primary} rejoins")
+        finally:
+            ha.pg_restart(primary)
 
     def postgres_primary_killed_async(self) -> None:
         """The negative control's fault: commits that never leave the primary (its WAL
@@ -126,9 +134,12 @@ class HaChaos(Chaos):
         os.kill(ha.walsender_pid(primary), signal.SIGSTOP)
         time.sleep(4)  # a burst decided, published and its offsets committed (500 ms)
         ha.pg_kill(primary)  # the stopped sender with it
-        ha.pg_wait_failover(primary)
-        log(f"postgres: node {3 - primary} promoted without the burst; node {primary} rejoins")
-        ha.pg_restart(primary)
+        try:
+            ha.pg_wait_failover(primary)
+            log(f"postgres: node {3 - primary} promoted without the burst; "
+                f"node {primary} rejoins")
+        finally:
+            ha.pg_restart(primary)
 
     def kafka_leader_killed(self) -> None:
         topics = self.replicated_topics()
@@ -139,8 +150,28 @@ class HaChaos(Chaos):
         self.killed_brokers.add(node)
         log(f"kafka: killing node {node}, leader of {leaders[node]} partitions")
         ha.kafka_kill(node)
-        time.sleep(self.rng.uniform(5, 15))
-        ha.kafka_restart(node, topics)
+        try:
+            time.sleep(self.rng.uniform(5, 15))
+        finally:
+            ha.kafka_restart(node, topics)
+
+    def kafka_not_enough_replicas(self) -> None:
+        """A node down and the output topic asking for three in-sync replicas: every write
+        of a result is refused (NOT_ENOUGH_REPLICAS) for 8-15 s, longer than the workers'
+        delivery timeout. No offset may be committed for a message whose result was not
+        written; the checker finds any (an event missing)."""
+        topics = self.replicated_topics()
+        node = self.rng.randint(1, 3)
+        ha.kafka_kill(node)
+        try:
+            ha.kafka_wait_fenced(node, topics)
+            ha.set_min_insync_replicas(self.topics["out"], 3)
+            try:
+                time.sleep(self.rng.uniform(8, 15))
+            finally:
+                ha.set_min_insync_replicas(self.topics["out"], 2)
+        finally:  # whatever went wrong, the next fault finds three nodes
+            ha.kafka_restart(node, topics)
 
     def kafka_broker_paused(self) -> None:
         node = self.rng.randint(1, 3)
@@ -154,8 +185,10 @@ class HaChaos(Chaos):
     def redis_master_killed(self) -> None:
         master = ha.redis_master()
         ha.redis_kill(master)
-        ha.redis_wait_failover(master)
-        ha.redis_restart(master)
+        try:
+            ha.redis_wait_failover(master)
+        finally:
+            ha.redis_restart(master)
 
     def kafka_broker_cut(self) -> None:
         proxy = self.broker_proxies[self.rng.randrange(len(self.broker_proxies))]

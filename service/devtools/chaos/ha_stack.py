@@ -20,7 +20,13 @@ from pathlib import Path
 
 import asyncpg
 import redis
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import (  # type: ignore[attr-defined]  # re-exported at run time
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ResourceType,
+)
 
 from service.devtools.processes import ROOT
 
@@ -146,9 +152,10 @@ def pg_switchover() -> None:
 
 
 def _pg_bindir() -> str:
-    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_autoctl"))
+    """The PostgreSQL server's programs (pg_autoctl runs pg_ctl from its PATH)."""
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))
     if not found:
-        raise RuntimeError("pg_autoctl is not installed (make ha-up installs it)")
+        raise RuntimeError("no PostgreSQL server installed (make ha-up installs it)")
     return str(found[-1].parent)
 
 
@@ -210,6 +217,25 @@ def kafka_restart(node: int, topics: list[str]) -> None:
 
 def kafka_wait_in_sync(topics: list[str], timeout: float = 180) -> None:
     _wait("Kafka replicas back in sync", lambda: kafka_in_sync(topics), timeout)
+
+
+def kafka_wait_fenced(node: int, topics: list[str], timeout: float = 60) -> None:
+    """Until the controller has taken ``node`` out of every partition's in-sync replicas
+    (it fences a node that stopped heartbeating after broker.session.timeout.ms)."""
+    def fenced() -> bool:
+        meta = _admin().list_topics(timeout=10)
+        return all(p.leader not in (-1, node) and node not in p.isrs
+                   for name in topics for p in meta.topics[name].partitions.values())
+    _wait(f"Kafka node {node} fenced", fenced, timeout)
+
+
+def set_min_insync_replicas(topic: str, count: int) -> None:
+    resource = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[
+        ConfigEntry("min.insync.replicas", str(count),
+                    incremental_operation=AlterConfigOpType.SET)])
+    admin = _admin()  # held until the answer: a client collected before it cancels the call
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(timeout=30)
 
 
 # ----------------------------------------------------------------------- Redis

@@ -454,6 +454,10 @@ class Chaos:
         for layer in ("redis", "postgres"):
             key = 'payauth_duplicates_total{layer="' + layer + '"}'
             lines.append(f"  {layer:<32}{totals[key]:>10}")
+        lines += ["", "batch retries by cause (as scraped before each exit)", "-" * 44]
+        retries = {k.split('"')[1]: v for k, v in totals.items()
+                   if k.startswith("payauth_retries_total{")}
+        lines += [f"  {cause:<32}{count:>10}" for cause, count in sorted(retries.items())]
         lines += ["", "gap after each fault: until a message sent after it is decided and",
                   "committed on some partition / on every partition (see chaos/gaps.py)",
                   "-" * 72]

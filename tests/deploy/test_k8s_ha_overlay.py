@@ -1,0 +1,175 @@
+"""deploy/k8s/overlays/ha: the worker with CloudNativePG, Strimzi and Redis Sentinel
+(spotahome redis-operator). No cluster here to apply them to: the manifests are read, held
+to each other (the names and ports the operators give their Services are the ones the
+worker's settings name) and to the service's own settings and durability rules."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+from service.config import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S = ROOT / "deploy/k8s"
+HA = K8S / "overlays/ha"
+
+
+def _docs(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def _resources() -> list[dict[str, Any]]:
+    kustomization = yaml.safe_load((HA / "kustomization.yaml").read_text())
+    out: list[dict[str, Any]] = []
+    for resource in kustomization["resources"]:
+        if not resource.startswith(".."):
+            out += _docs(HA / resource)
+    return out
+
+
+def _one(kind: str) -> dict[str, Any]:
+    found = [d for d in _resources() if d["kind"] == kind]
+    assert len(found) == 1, f"{len(found)} {kind} resources"
+    return found[0]
+
+
+def _worker_settings() -> Settings:
+    """The worker's settings as the pods get them: base ConfigMap, this overlay's patch,
+    the overlay's example Secret (envFrom order: the Secret last)."""
+    base = yaml.safe_load((K8S / "base/configmap.yaml").read_text())["data"]
+    patch = yaml.safe_load((HA / "configmap-ha.yaml").read_text())["data"]
+    secret = _docs(HA / "secret.example.yaml")[0]["stringData"]
+    env = {**base, **patch, **secret}
+    return Settings(**{k.removeprefix("PAYAUTH_").lower(): v for k, v in env.items()})
+
+
+def test_every_resource_named_exists_and_parses() -> None:
+    kustomization = yaml.safe_load((HA / "kustomization.yaml").read_text())
+    assert "../../base" in kustomization["resources"]
+    for name in [r for r in kustomization["resources"] if not r.startswith("..")] + \
+            [p["path"] for p in kustomization["patches"]]:
+        assert (HA / name).is_file(), name
+        assert _docs(HA / name)
+    kinds = sorted(d["kind"] for d in _resources())
+    assert kinds == ["Cluster", "Kafka", "KafkaNodePool", "KafkaTopic", "KafkaTopic",
+                     "KafkaTopic", "KafkaUser", "RedisFailover"]
+
+
+def test_the_worker_settings_of_the_overlay_validate() -> None:
+    settings = _worker_settings()
+    assert settings.redis_sentinels and settings.redis_sentinel_master
+
+
+def test_postgres_is_three_instances_with_synchronous_replication() -> None:
+    cluster = _one("Cluster")
+    assert cluster["apiVersion"].startswith("postgresql.cnpg.io/")
+    spec = cluster["spec"]
+    assert spec["instances"] == 3
+    sync = spec["postgresql"]["synchronous"]
+    assert sync["method"] in ("any", "first") and sync["number"] >= 1
+    assert sync["dataDurability"] == "required"
+    assert spec["postgresql"]["parameters"]["synchronous_commit"] == "on"
+    # the worker writes through the operator's read-write Service, to the database it made
+    url = urlsplit(_worker_settings().database_url.get_secret_value())
+    assert url.hostname == f"{cluster['metadata']['name']}-rw"
+    assert url.port == 5432
+    assert url.path.lstrip("/") == spec["bootstrap"]["initdb"]["database"]
+
+
+def test_kafka_is_three_nodes_that_keep_acknowledged_writes() -> None:
+    kafka, pool = _one("Kafka"), _one("KafkaNodePool")
+    name = kafka["metadata"]["name"]
+    assert pool["metadata"]["labels"]["strimzi.io/cluster"] == name
+    assert pool["spec"]["replicas"] == 3
+    assert set(pool["spec"]["roles"]) == {"controller", "broker"}
+    config = kafka["spec"]["kafka"]["config"]
+    assert config["min.insync.replicas"] == 2
+    assert config["default.replication.factor"] == 3
+    assert config["unclean.leader.election.enable"] is False
+    assert config["auto.create.topics.enable"] is False
+    # the worker's bootstrap is the operator's bootstrap Service on a listener whose
+    # security is the one the worker speaks
+    settings = _worker_settings()
+    host, port = settings.kafka_bootstrap_servers.split(":")
+    assert host == f"{name}-kafka-bootstrap"
+    listener = next(li for li in kafka["spec"]["kafka"]["listeners"] if li["port"] == int(port))
+    assert listener["tls"] is True and settings.kafka_security_protocol == "SASL_SSL"
+    assert listener["authentication"]["type"] == "scram-sha-512"
+    assert settings.kafka_sasl_mechanism == "SCRAM-SHA-512"
+
+
+def test_topics_are_the_contracts_replicated_three_times() -> None:
+    settings = _worker_settings()
+    topics = {d["metadata"]["name"]: d for d in _resources() if d["kind"] == "KafkaTopic"}
+    assert set(topics) == {settings.input_topic, settings.output_topic, settings.dlq_topic}
+    for topic in topics.values():
+        assert topic["metadata"]["labels"]["strimzi.io/cluster"] == \
+            _one("Kafka")["metadata"]["name"]
+        assert topic["spec"]["replicas"] == 3
+        assert topic["spec"]["config"]["min.insync.replicas"] == 2
+    # a result goes to the partition of its input's key: same partition count
+    assert topics[settings.input_topic]["spec"]["partitions"] == \
+        topics[settings.output_topic]["spec"]["partitions"]
+
+
+def test_the_kafka_user_may_do_what_the_worker_does_and_no_more() -> None:
+    settings = _worker_settings()
+    user = _one("KafkaUser")
+    assert user["metadata"]["name"] == _docs(HA / "secret.example.yaml")[0]["stringData"][
+        "PAYAUTH_KAFKA_SASL_USERNAME"]
+    assert user["spec"]["authentication"]["type"] == "scram-sha-512"
+    acls = {(a["resource"]["type"], a["resource"]["name"]): set(a["operations"])
+            for a in user["spec"]["authorization"]["acls"]}
+    assert acls == {
+        ("topic", settings.input_topic): {"Read", "Describe"},
+        ("group", settings.group_id): {"Read", "Describe"},
+        ("topic", settings.output_topic): {"Write", "Describe"},
+        ("topic", settings.dlq_topic): {"Write", "Describe"},
+    }
+
+
+def test_redis_is_watched_by_three_sentinels_the_worker_asks() -> None:
+    failover = _one("RedisFailover")
+    assert failover["spec"]["sentinel"]["replicas"] == 3
+    assert failover["spec"]["redis"]["replicas"] >= 2
+    settings = _worker_settings()
+    # spotahome's Sentinel Service is rfs-<name> on 26379; the master name is mymaster
+    assert settings.sentinel_addresses() == [(f"rfs-{failover['metadata']['name']}", 26379)]
+    assert settings.redis_sentinel_master == "mymaster"
+    auth = failover["spec"]["auth"]["secretPath"]
+    assert any(d["metadata"]["name"] == auth for d in _docs(HA / "secret.example.yaml"))
+
+
+def test_the_worker_trusts_the_kafka_cluster_ca_where_its_settings_look() -> None:
+    patch = yaml.safe_load((HA / "statefulset-ha.yaml").read_text())
+    spec = patch["spec"]["template"]["spec"]
+    mount = spec["containers"][0]["volumeMounts"][0]
+    volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+    assert volume["secret"]["secretName"] == f"{_one('Kafka')['metadata']['name']}-cluster-ca-cert"
+    ca = Path(_worker_settings().kafka_ssl_ca_location)
+    assert ca.parent == Path(mount["mountPath"])
+    assert ca.name in {item["path"] for item in volume["secret"]["items"]}
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")
+def test_kustomize_builds_both_the_base_and_the_overlay() -> None:
+    for target in (K8S, HA):
+        built = subprocess.run(["kubectl", "kustomize", str(target)], capture_output=True,
+                               text=True, timeout=60)
+        assert built.returncode == 0, built.stderr
+        kinds = [d["kind"] for d in yaml.safe_load_all(built.stdout) if d]
+        assert "StatefulSet" in kinds
+    overlay = [d for d in yaml.safe_load_all(built.stdout) if d]
+    worker = next(d for d in overlay if d["kind"] == "StatefulSet")
+    assert worker["metadata"]["namespace"] == "payments"
+    assert any(v["name"] == "kafka-ca" for v in worker["spec"]["template"]["spec"]["volumes"])
+    config = next(d for d in overlay if d["kind"] == "ConfigMap")
+    assert config["data"]["PAYAUTH_REDIS_SENTINEL_MASTER"] == "mymaster"
+    assert config["data"]["PAYAUTH_INPUT_TOPIC"] == "payments.authorizations"  # from the base
