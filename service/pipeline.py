@@ -251,6 +251,10 @@ class BatchProcessor:
                       stage: StageClock) -> list[MessageOutcome]:
         started = time.perf_counter()
         stored = await self._store.load_stored(list({a.transaction_id for _, a in valid}))
+        if any(not record.published for record in stored.values()):
+            # a decision never confirmed published may not be on the synchronous standby
+            # yet (see confirm_durable): it must be, before this batch publishes it
+            await self._store.confirm_durable()
         metrics.dedup_lookup_seconds.labels("postgres").observe(time.perf_counter() - started)
         stage.lap("postgres_lookup")
         new, repeats = split_stored(valid, stored, self.replay_marks)

@@ -64,6 +64,11 @@ _UNAVAILABLE = (
     asyncpg.InternalClientError,
 )
 
+# A write, so that this statement's COMMIT waits for the synchronous standby (migration 008).
+_CONFIRM_DURABLE = """
+UPDATE durability_barrier SET touched_at = now() WHERE slot = pg_backend_pid() % 16
+"""
+
 # Dedup records are purged after the retention window; the ledger is not. A key found only
 # in the ledger (from_ledger) was approved long ago: it is still a duplicate. One round trip.
 _LOAD_STORED = """
@@ -217,6 +222,25 @@ class PostgresStore:
                 else _stored_from_row(row)
                 for row in rows
             }
+        except Exception as exc:
+            _raise_translated(exc)
+
+    async def confirm_durable(self) -> None:
+        """Return once every commit visible so far is as durable as one of ours.
+
+        A decision can be visible on the primary before its synchronous standby has it: its
+        client cancelled the wait for replication (the commit stays, with a WARNING), or the
+        primary restarted after a crash and recovered it from its own WAL. A worker about to
+        publish such a decision (found by ``load_stored``: a redelivery, a retry after a
+        reply lost on the way) must not, or a failover right then loses a decision the world
+        has seen. A transaction that wrote WAL waits at its COMMIT until the standby has
+        the WAL up to that commit, and so every commit before it: one small write (migration
+        008), one round trip, on the batches that found a stored decision never confirmed
+        published only (a receipt is a commit of its own, after the decision: a published
+        decision is durable)."""
+        try:
+            async with self._pool.acquire() as conn:
+                await conn.execute(_CONFIRM_DURABLE)
         except Exception as exc:
             _raise_translated(exc)
 

@@ -3,7 +3,9 @@ of each engine under load with the chaos run's checker, and its negative control
 
 - smoke: kill -9 of the PostgreSQL primary (the synchronous secondary is promoted), of the
   Kafka node leading the most partitions, of the Redis master (Sentinel promotes the
-  replica): every invariant holds, and the report gives each fault's gap;
+  replica), and result writes refused (NOT_ENOUGH_REPLICAS) past the delivery timeout:
+  every invariant holds, the workers retried the refused writes, and the report gives each
+  fault's gap;
 - negative control: the same PostgreSQL failover with asynchronous commits and the standby
   behind at the kill. The checker must report the decisions the new primary lacks; a
   checker that passed there could not see the loss synchronous replication prevents.
@@ -24,7 +26,8 @@ import pytest
 from service.devtools.chaos import ha_stack
 from tests.support import stack
 
-SMOKE_KINDS = ("postgres_primary_killed", "kafka_leader_killed", "redis_master_killed")
+SMOKE_KINDS = ("postgres_primary_killed", "kafka_leader_killed", "redis_master_killed",
+               "kafka_not_enough_replicas")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -50,7 +53,7 @@ def _section(out: str, title: str) -> str:
 
 
 def test_one_failover_of_each_engine_holds_every_invariant(tmp_path: Path) -> None:
-    code, out = _run(tmp_path, CHAOS_SECONDS="100", CHAOS_FAULTS_PER_KIND="1",
+    code, out = _run(tmp_path, CHAOS_SECONDS="120", CHAOS_FAULTS_PER_KIND="1",
                      HA_CHAOS_KINDS=",".join(SMOKE_KINDS))
     assert code == 0, out[-8000:]
     faults = dict(re.findall(r"^  ([a-z_]+)\s+(\d+)$", _section(out, "faults injected by kind"),
@@ -64,6 +67,11 @@ def test_one_failover_of_each_engine_holds_every_invariant(tmp_path: Path) -> No
         assert float(line.split()[1]) > 0, line
     decided = int(re.search(r"messages decided during the run\s+(\d+)", out).group(1))
     assert decided > 1000, out[-3000:]
+    # the refused writes were retried, not skipped (an event missing would have failed a
+    # check above; this says the fault did refuse them)
+    retries = dict(re.findall(r"^  ([a-z_]+)\s+(\d+)$", _section(out, "batch retries by cause"),
+                              re.M))
+    assert int(retries.get("publish_failed", 0)) > 0, retries
 
 
 def test_negative_control_the_checker_reports_what_an_asynchronous_failover_lost(

@@ -10,6 +10,8 @@ decisions the new primary does not have, or it could not see the failure it is f
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import threading
 import time
 import uuid
@@ -136,3 +138,55 @@ def test_the_check_sees_what_an_asynchronous_failover_loses(env, spawn_worker) -
         assert set(missing) == burst, (len(missing), len(burst))
     finally:
         remove(base, new_primary)
+
+
+def _has(node: Node, txn: str) -> bool:
+    return bool(stack.fetch(node.dsn("payauth"), "SELECT 1 FROM processed_transactions "
+                                                 "WHERE txn_id = $1", txn))
+
+
+def test_a_decision_whose_wait_for_the_standby_was_cancelled_is_published_once_replicated(
+        env, spawn_worker) -> None:
+    """The worker's own timeout cancels its COMMIT's wait for the synchronous standby:
+    PostgreSQL keeps the commit on the primary alone (a WARNING, not an error), visible to
+    the worker's retry. Published then, a failover would lose a decision the world has
+    seen: the retry must wait until the standby confirms (confirm_durable)."""
+    primary, standby, base = replicated_pair(synchronous=True)
+    worker = None
+    try:
+        _prepare(primary)
+        assert payauth(env, "migrate", PAYAUTH_DATABASE_URL=primary.dsn("payauth")
+                       ).returncode == 0
+        asyncio.run(stack.seed_accounts(primary.dsn("payauth"),
+                                        [(a, "10000.00", "EUR") for a in ACCOUNTS]))
+        # statement timeout 1 s: the client gives up on a call after 2 s and cancels it
+        worker = spawn_worker(env, PAYAUTH_DATABASE_URL=primary.dsn("payauth"),
+                              PAYAUTH_STATEMENT_TIMEOUT_MS="1000")
+        warm = _send(env, 4, "w")
+        wait_caught_up(env.group_id, env.input_topic, env.partitions)
+        receiver = stack.fetch(standby.dsn(), "SELECT pid FROM pg_stat_activity "
+                                              "WHERE backend_type = 'walreceiver'")[0]["pid"]
+        os.kill(receiver, signal.SIGSTOP)  # the standby acknowledges nothing from now on
+        try:
+            [held] = _send(env, 1, "held")
+            wait_until(lambda: _has(primary, held), 30, "the decision committed on the primary")
+            assert not _has(standby, held)
+            time.sleep(6)  # the worker retries: it finds the decision, it must not publish it
+            published = {e["transaction_id"] for e in
+                         stack.events_of(stack.read_topic(env.output_topic, timeout=3))}
+            assert published == set(warm), "published before the standby had it"
+            assert worker.events("batch_retry"), "the worker kept the batch and retried"
+        finally:
+            os.kill(receiver, signal.SIGCONT)
+        events = stack.events_of(stack.read_topic(env.output_topic, expect=5, timeout=60))
+        assert {e["transaction_id"] for e in events} == {*warm, held}
+        wait_until(lambda: _has(standby, held), 30, "the standby has the decision")
+        wait_caught_up(env.group_id, env.input_topic, env.partitions)
+        decided = stack.fetch(primary.dsn("payauth"), "SELECT count(*) AS n FROM "
+                              "processed_transactions WHERE txn_id = $1", held)[0]["n"]
+        assert decided == 1
+        assert worker.terminate() == 0
+    finally:
+        if worker is not None and worker.alive():
+            worker.kill()
+        remove(base, primary, standby)
