@@ -226,18 +226,14 @@ class PostgresStore:
             _raise_translated(exc)
 
     async def confirm_durable(self) -> None:
-        """Return once every commit visible so far is as durable as one of ours.
+        """Return once every commit visible so far is on the synchronous standby.
 
-        A decision can be visible on the primary before its synchronous standby has it: its
-        client cancelled the wait for replication (the commit stays, with a WARNING), or the
-        primary restarted after a crash and recovered it from its own WAL. A worker about to
-        publish such a decision (found by ``load_stored``: a redelivery, a retry after a
-        reply lost on the way) must not, or a failover right then loses a decision the world
-        has seen. A transaction that wrote WAL waits at its COMMIT until the standby has
-        the WAL up to that commit, and so every commit before it: one small write (migration
-        008), one round trip, on the batches that found a stored decision never confirmed
-        published only (a receipt is a commit of its own, after the decision: a published
-        decision is durable)."""
+        A decision can be visible on the primary alone: its client cancelled the wait for
+        replication (the commit stays, with a WARNING), or the primary recovered it after a
+        crash. Published so (a redelivery or a retry found it), a failover would lose a
+        decision the world has seen. A write's COMMIT waits for the standby to have the WAL
+        up to it, so every commit before it too (migration 008). Only for batches holding a
+        decision never confirmed published: a receipt is a commit after its decision."""
         try:
             async with self._pool.acquire() as conn:
                 await conn.execute(_CONFIRM_DURABLE)
