@@ -3,6 +3,7 @@ one transaction is byte-for-byte the same event with the same ``event_id``."""
 
 from __future__ import annotations
 
+import functools
 from datetime import UTC, datetime
 
 import orjson
@@ -12,6 +13,7 @@ from service.domain.messages import event_id_for
 from service.domain.vocabulary import Result
 
 
+@functools.lru_cache(maxsize=64)  # the events of one batch share their decision time
 def event_time(moment: datetime) -> str:
     """An event's ``processed_at``: UTC, to the millisecond, with a ``Z``."""
     return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")

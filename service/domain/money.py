@@ -54,4 +54,11 @@ def decimals_of(amount: Decimal) -> int:
 
 def format_amount(amount: Decimal, currency: str) -> str:
     """The canonical text of an amount in its currency's minor unit: "125.50", "1250"."""
-    return str(amount.quantize(Decimal(1).scaleb(-minor_unit(currency))))
+    return str(amount.quantize(_quantum(currency)))
+
+
+@cache  # a few dozen currencies; an unknown code raises, and is not kept
+def _quantum(currency: str) -> Decimal:
+    """0.01 for EUR, 1 for JPY: what an amount in ``currency`` is rounded to (once per code;
+    several times per authorization on the hot path otherwise)."""
+    return Decimal(1).scaleb(-minor_unit(currency))
