@@ -50,7 +50,7 @@ ha-chaos: ha-up ## the chaos run on the replicated stack: failovers of each engi
 	@$(PY) -m service.devtools.chaos.ha
 
 ha-smoke: ha-up ## the HA smoke: one failover of each engine under load, then the checker's negative control
-	@$(PY) -m pytest -q tests/ha
+	@PAYAUTH_HA_SMOKE=1 $(PY) -m pytest -q tests/ha
 
 ha-status: venv ## the PostgreSQL primary, the Redis master and each topic's partition leaders
 	@PYTHON=$(PY) deploy/local/ha.sh status

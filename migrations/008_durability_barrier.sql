@@ -1,4 +1,4 @@
--- A write whose COMMIT waits for the synchronous standby, for the worker's confirm_durable.
+-- A write whose COMMIT waits for the synchronous standby (the worker's load_stored).
 --
 -- A decision can be visible on the primary before its synchronous standby has it (its
 -- client cancelled the wait for replication; the primary restarted after a crash). Before

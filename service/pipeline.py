@@ -9,12 +9,11 @@ modules point here.
    a duplicate already decided, committed and published; skip it. The rest (a different
    fingerprint, a miss, the cache down) is parsed strictly and validated (exact Decimals;
    invalid → dead-letter) and goes to step 3.
-3. ``Store``: read the dedup records of the rest (duplicates and conflicts); if one was
-   never confirmed published, wait until everything committed is on the synchronous standby
-   (``confirm_durable``: it may have been committed on the primary alone, and step 4 would
-   publish it). Then decide the new ones in one transaction (claim, lock accounts, decide,
-   debit/credit, ledger, dedup record) and COMMIT. Another replica claiming first →
-   ``ClaimLost`` → back to step 1.
+3. ``Store``: read the dedup records of the rest (duplicates and conflicts; only decisions
+   already on the synchronous standby come back, see ``PostgresStore.load_stored``), then
+   decide the new ones in one transaction (claim, lock accounts, decide, debit/credit,
+   ledger, dedup record) and COMMIT. Another replica claiming first → ``ClaimLost`` → back
+   to step 1.
 4. Publish every result event (new decisions, and stored results never confirmed published)
    and every dead-letter record (``Publisher``); wait until Kafka acknowledges them all.
 5. Report the batch's offsets finished (``OffsetSink``): only now may the consumer thread
@@ -254,10 +253,6 @@ class BatchProcessor:
                       stage: StageClock) -> list[MessageOutcome]:
         started = time.perf_counter()
         stored = await self._store.load_stored(list({a.transaction_id for _, a in valid}))
-        if any(not record.published for record in stored.values()):
-            # a decision never confirmed published may not be on the synchronous standby
-            # yet (see confirm_durable): it must be, before this batch publishes it
-            await self._store.confirm_durable()
         metrics.dedup_lookup_seconds.labels("postgres").observe(time.perf_counter() - started)
         stage.lap("postgres_lookup")
         new, repeats = split_stored(valid, stored, self.replay_marks)

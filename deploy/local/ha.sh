@@ -2,9 +2,10 @@
 # The local replicated stack, no Docker: each service a real process on loopback.
 #   deploy/local/ha.sh up | down | status
 #
-#   Kafka       three combined KRaft nodes (localhost:19092-19094, controllers 19192-19194),
-#               replication factor 3, min.insync.replicas 2, unclean leader election off;
-#               heap $HA_KAFKA_HEAP (512m) each
+#   Kafka       three combined KRaft nodes (localhost:19092-19094, controllers 19192-19194,
+#               a second listener for proxied clients on 19292-19294 advertising the
+#               proxies' 19392-19394), replication factor 3, min.insync.replicas 2, unclean
+#               leader election off; heap $HA_KAFKA_HEAP (512m) each
 #   PostgreSQL  pg_auto_failover (Debian postgresql-15-auto-failover): a monitor (15432), a
 #               primary and a synchronous secondary (15433, 15434), automatic failover
 #   Redis       a master (16379), a replica (16380) and three Sentinels (26379-26381)
@@ -158,9 +159,13 @@ pg_node_up() { # pg_node_up NODE (1-2): create or restart it; waits until it set
 
 pg_node_settled() { # the node reports single/primary/secondary; nudges a slow base backup
   local state; state=$(autoctl show state --pgdata "$PG_HA_DIR/monitor" 2>/dev/null || true)
-  # pg_basebackup waits for a spread checkpoint on the primary: ask for an immediate one.
-  PGCONNECT_TIMEOUT=2 psql -X -q -h localhost -p "${PG_NODE_PORTS[0]}" -U postgres -d postgres \
-    -c CHECKPOINT >/dev/null 2>&1 || true
+  # pg_basebackup waits for a spread checkpoint on the primary: ask for an immediate one
+  # (of both nodes: after a failover the primary is either)
+  local port
+  for port in "${PG_NODE_PORTS[@]}"; do
+    PGCONNECT_TIMEOUT=2 psql -X -q -h localhost -p "$port" -U postgres -d postgres \
+      -c CHECKPOINT >/dev/null 2>&1 || true
+  done
   echo "$state" | grep -E "^ *node_$1 " | grep -Eq "\| +(single|primary|secondary) +\| +(single|primary|secondary) *$"
 }
 

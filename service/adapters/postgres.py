@@ -64,7 +64,7 @@ _UNAVAILABLE = (
     asyncpg.InternalClientError,
 )
 
-# A write, so that this statement's COMMIT waits for the synchronous standby (migration 008).
+# A write, so that its COMMIT waits for the synchronous standby (load_stored, migration 008).
 _CONFIRM_DURABLE = """
 UPDATE durability_barrier SET touched_at = now() WHERE slot = pg_backend_pid() % 16
 """
@@ -211,32 +211,32 @@ class PostgresStore:
 
     async def load_stored(self, txn_ids: Sequence[str]) -> dict[str, StoredResult]:
         """Dedup records (and ledger-only approvals) for these keys; outside any transaction,
-        since the claim in ``authorize`` is what decides races."""
+        since the claim in ``authorize`` is what decides races.
+
+        Only decisions on the synchronous standby come back. One can be visible on the
+        primary alone: its client cancelled the wait for replication (the commit stays, with
+        a WARNING), or the primary recovered it after a crash; published so, a failover
+        would lose a decision the world has seen. So when a record was never confirmed
+        published, a small write on the same connection (migration 008) commits first: its
+        COMMIT waits until the standby has the WAL up to it, every commit before it too. A
+        confirmed record needs none: it was published after a COMMIT that waited, or after
+        this write."""
         if not txn_ids:
             return {}
         try:
             async with self._pool.acquire() as conn:
                 rows = await conn.fetch(_LOAD_STORED, list(txn_ids))
+                if not all(row["published"] for row in rows):
+                    done = await conn.execute(_CONFIRM_DURABLE)
+                    if done != "UPDATE 1":  # no row, no WAL written, nothing waited for
+                        raise StoreUnavailable(f"durability_barrier answered {done!r}")
             return {
                 row["txn_id"]: _stored_from_ledger(row) if row["from_ledger"]
                 else _stored_from_row(row)
                 for row in rows
             }
-        except Exception as exc:
-            _raise_translated(exc)
-
-    async def confirm_durable(self) -> None:
-        """Return once every commit visible so far is on the synchronous standby.
-
-        A decision can be visible on the primary alone: its client cancelled the wait for
-        replication (the commit stays, with a WARNING), or the primary recovered it after a
-        crash. Published so (a redelivery or a retry found it), a failover would lose a
-        decision the world has seen. A write's COMMIT waits for the standby to have the WAL
-        up to it, so every commit before it too (migration 008). Only for batches holding a
-        decision never confirmed published: a receipt is a commit after its decision."""
-        try:
-            async with self._pool.acquire() as conn:
-                await conn.execute(_CONFIRM_DURABLE)
+        except StoreUnavailable:
+            raise
         except Exception as exc:
             _raise_translated(exc)
 

@@ -98,9 +98,6 @@ class FaultyStore:
     async def load_stored(self, txn_ids: Sequence[str]) -> dict[str, StoredResult]:
         return await self._inner.load_stored(txn_ids)
 
-    async def confirm_durable(self) -> None:
-        await self._inner.confirm_durable()
-
     async def authorize(self, new: Sequence[Authorization], **source: Any) -> list[StoredResult]:
         if self._unsafe:
             # The planted fault must happen for the negative control to mean anything: a

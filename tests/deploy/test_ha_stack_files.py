@@ -48,7 +48,7 @@ def test_kafka_nodes_keep_acknowledged_writes() -> None:
     assert settings["auto.create.topics.enable"] == "false"
     # the proxied listener advertises the proxy's port, not its own
     assert "PROXIED://localhost:@PROXIED_PORT@" in settings["listeners"]
-    assert "PROXIED://localhost:@PROXY_PORT@" in settings["advertised.listeners"]
+    assert "PROXIED://127.0.0.1:@PROXY_PORT@" in settings["advertised.listeners"]
 
 
 def test_ha_sh_has_a_start_command_for_each_node_the_chaos_run_restarts() -> None:

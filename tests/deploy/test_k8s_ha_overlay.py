@@ -81,6 +81,23 @@ def test_postgres_is_three_instances_with_synchronous_replication() -> None:
     assert url.hostname == f"{cluster['metadata']['name']}-rw"
     assert url.port == 5432
     assert url.path.lstrip("/") == spec["bootstrap"]["initdb"]["database"]
+    # the workers' login is a member of the least-privilege role, with its own password
+    role = next(r for r in spec["managed"]["roles"] if r["name"] == url.username)
+    assert role["login"] is True and role["inRoles"] == ["payauth_worker"]
+    login = next(d for d in _docs(HA / "secret.example.yaml")
+                 if d["metadata"]["name"] == role["passwordSecret"]["name"])
+    assert login["type"] == "kubernetes.io/basic-auth"
+    assert login["stringData"]["username"] == role["name"]
+
+
+def test_migrations_run_as_the_database_owner() -> None:
+    """The worker's login cannot create the schema (nor the role it is a member of): the
+    migrate Job takes the owner's URL from the Secret CloudNativePG keeps for it."""
+    patch = yaml.safe_load((HA / "migrate-job-ha.yaml").read_text())
+    env = patch["spec"]["template"]["spec"]["containers"][0]["env"]
+    url = next(e for e in env if e["name"] == "PAYAUTH_DATABASE_URL")
+    ref = url["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": f"{_one('Cluster')['metadata']['name']}-app", "key": "uri"}
 
 
 def test_kafka_is_three_nodes_that_keep_acknowledged_writes() -> None:
@@ -131,7 +148,7 @@ def test_the_kafka_user_may_do_what_the_worker_does_and_no_more() -> None:
         ("topic", settings.input_topic): {"Read", "Describe"},
         ("group", settings.group_id): {"Read", "Describe"},
         ("topic", settings.output_topic): {"Write", "Describe"},
-        ("topic", settings.dlq_topic): {"Write", "Describe"},
+        ("topic", settings.dlq_topic): {"Write", "Describe", "DescribeConfigs"},
     }
 
 
@@ -170,6 +187,9 @@ def test_kustomize_builds_both_the_base_and_the_overlay() -> None:
     worker = next(d for d in overlay if d["kind"] == "StatefulSet")
     assert worker["metadata"]["namespace"] == "payments"
     assert any(v["name"] == "kafka-ca" for v in worker["spec"]["template"]["spec"]["volumes"])
+    job = next(d for d in overlay if d["kind"] == "Job")
+    env = job["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert env[0]["valueFrom"]["secretKeyRef"]["name"] == "payauth-pg-app"
     config = next(d for d in overlay if d["kind"] == "ConfigMap")
     assert config["data"]["PAYAUTH_REDIS_SENTINEL_MASTER"] == "mymaster"
     assert config["data"]["PAYAUTH_INPUT_TOPIC"] == "payments.authorizations"  # from the base

@@ -32,6 +32,8 @@ SMOKE_KINDS = ("postgres_primary_killed", "kafka_leader_killed", "redis_master_k
 
 @pytest.fixture(scope="module", autouse=True)
 def ha_stack_up() -> None:
+    if os.environ.get("PAYAUTH_HA_SMOKE") != "1":
+        pytest.skip("the HA smoke runs through make ha-smoke, which starts its stack")
     if not (stack.ROOT / ".stack/ha.env").exists():
         pytest.fail("the replicated stack is not up: run make ha-smoke (or make ha-up first)")
     ha_stack.pg_primary()  # raises if PostgreSQL does not answer
@@ -62,9 +64,11 @@ def test_one_failover_of_each_engine_holds_every_invariant(tmp_path: Path) -> No
     assert "checker: all invariants hold" in out
     assert not re.search(r"^FAIL  ", out, re.M)
     gaps = _section(out, "gap after each fault")
-    for kind in SMOKE_KINDS:  # each fault has a measured gap: batches committed after it
+    for kind in SMOKE_KINDS:  # every partition served again after each fault, within 120 s
         line = next(line for line in gaps.splitlines() if line.strip().startswith(kind))
-        assert float(line.split()[1]) > 0, line
+        assert ">" not in line, line
+        first, _, every, _ = (float(v) for v in line.split()[1:])
+        assert 0 < first <= every, line
     decided = int(re.search(r"messages decided during the run\s+(\d+)", out).group(1))
     assert decided > 1000, out[-3000:]
     # the refused writes were retried, not skipped (an event missing would have failed a

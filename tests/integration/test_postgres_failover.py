@@ -150,7 +150,7 @@ def test_a_decision_whose_wait_for_the_standby_was_cancelled_is_published_once_r
     """The worker's own timeout cancels its COMMIT's wait for the synchronous standby:
     PostgreSQL keeps the commit on the primary alone (a WARNING, not an error), visible to
     the worker's retry. Published then, a failover would lose a decision the world has
-    seen: the retry must wait until the standby confirms (confirm_durable)."""
+    seen: the retry must wait until the standby confirms (PostgresStore.load_stored)."""
     primary, standby, base = replicated_pair(synchronous=True)
     worker = None
     try:

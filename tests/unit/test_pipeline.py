@@ -64,9 +64,6 @@ class Store:
     published: list[str] = field(default_factory=list)
     receipts: list[UUID] = field(default_factory=list)
     sightings: list[Any] = field(default_factory=list)
-    durable_confirms: int = 0
-    standby_away: bool = False  # confirm_durable fails (the standby does not answer)
-    confirms_refused: asyncio.Event = field(default_factory=asyncio.Event)  # 3 of them
 
     async def ping(self) -> bool:
         self.pings += 1
@@ -76,13 +73,6 @@ class Store:
 
     async def load_stored(self, txn_ids: Sequence[str]) -> dict[str, StoredResult]:
         return {t: self.records[t] for t in txn_ids if t in self.records}
-
-    async def confirm_durable(self) -> None:
-        self.durable_confirms += 1
-        if self.standby_away:
-            if self.durable_confirms >= 3:
-                self.confirms_refused.set()
-            raise StoreUnavailable("canceling wait for synchronous replication")
 
     async def authorize(self, new: Sequence[Authorization], **_: object) -> list[StoredResult]:
         if self.failures:
@@ -258,33 +248,6 @@ async def test_stored_duplicate_republishes_only_if_never_confirmed(published: b
     # A republished record is confirmed on its own: its batch's other records were not
     # republished, so no receipt is made for that batch.
     assert store.published == ([] if published else ["T1"])
-
-
-async def test_a_stored_decision_never_published_is_republished_only_once_durable() -> None:
-    """A decision visible but maybe not on the synchronous standby (its writer cancelled
-    the wait, or lost the reply): the batch waits for confirm_durable before publishing."""
-    store, cache, sender = Store(), Cache(), Sender()
-    p = processor(store, cache, sender)
-    await p.process(msgs(auth_message("T1")))
-    assert store.durable_confirms == 0, "a batch of new decisions needs no extra round trip"
-    store.records["T1"] = replace(store.records["T1"], published=False)
-    store.standby_away = True
-    retry = asyncio.create_task(p.process(msgs(auth_message("T1"))))
-    await asyncio.wait_for(store.confirms_refused.wait(), 10)
-    assert len(sender.sent) == 1, "nothing published while the standby does not confirm"
-    store.standby_away = False
-    await retry
-    assert len(sender.sent) == 2 and store.commits == 1
-
-
-async def test_a_published_stored_decision_needs_no_confirmation() -> None:
-    store, cache, sender = Store(), Cache(), Sender()
-    p = processor(store, cache, sender)
-    await p.process(msgs(auth_message("T1")))
-    await p.confirmations.flush()
-    cache.data.clear()
-    await p.process(msgs(auth_message("T1")))
-    assert store.durable_confirms == 0
 
 
 async def test_a_message_that_fails_unexpectedly_is_isolated_and_dead_lettered() -> None:

@@ -37,6 +37,7 @@ failure synchronous replication is there to prevent.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -86,7 +87,7 @@ class HaChaos(Chaos):
         dsn = self.dsn + ("&synchronous_commit=local" if self.control else "")
         env = self.worker_env({
             "PAYAUTH_KAFKA_BOOTSTRAP_SERVERS": ",".join(
-                f"localhost:{port}" for port in ha.KAFKA_PROXY_PORTS),
+                f"127.0.0.1:{port}" for port in ha.KAFKA_PROXY_PORTS),
             "PAYAUTH_DATABASE_URL": dsn,
             "PAYAUTH_REDIS_SENTINELS": self.settings.redis_sentinels,
             "PAYAUTH_REDIS_SENTINEL_MASTER": self.settings.redis_sentinel_master,
@@ -120,8 +121,9 @@ class HaChaos(Chaos):
 
     def postgres_primary_killed(self) -> None:
         primary = ha.pg_primary()
-        ha.pg_kill(primary)
         try:
+            ha.pg_kill(primary)
+            self.landed("postgres_primary_killed")
             ha.pg_wait_failover(primary)
             log(f"postgres: node {3 - primary} promoted; node {primary} rejoins")
         finally:
@@ -131,14 +133,18 @@ class HaChaos(Chaos):
         """The negative control's fault: commits that never leave the primary (its WAL
         sender stopped), then the primary's death."""
         primary = ha.pg_primary()
-        os.kill(ha.walsender_pid(primary), signal.SIGSTOP)
-        time.sleep(4)  # a burst decided, published and its offsets committed (500 ms)
-        ha.pg_kill(primary)  # the stopped sender with it
+        sender = ha.walsender_pid(primary)
+        os.kill(sender, signal.SIGSTOP)
         try:
+            self.landed("postgres_primary_killed_async")
+            time.sleep(4)  # a burst decided, published and its offsets committed (500 ms)
+            ha.pg_kill(primary)  # the stopped sender with it
             ha.pg_wait_failover(primary)
             log(f"postgres: node {3 - primary} promoted without the burst; "
                 f"node {primary} rejoins")
         finally:
+            with contextlib.suppress(ProcessLookupError):  # killed with its primary, or not
+                os.kill(sender, signal.SIGCONT)
             ha.pg_restart(primary)
 
     def kafka_leader_killed(self) -> None:
@@ -150,6 +156,7 @@ class HaChaos(Chaos):
         self.killed_brokers.add(node)
         log(f"kafka: killing node {node}, leader of {leaders[node]} partitions")
         ha.kafka_kill(node)
+        self.landed("kafka_leader_killed")
         try:
             time.sleep(self.rng.uniform(5, 15))
         finally:
@@ -165,8 +172,9 @@ class HaChaos(Chaos):
         ha.kafka_kill(node)
         try:
             ha.kafka_wait_fenced(node, topics)
-            ha.set_min_insync_replicas(self.topics["out"], 3)
             try:
+                ha.set_min_insync_replicas(self.topics["out"], 3)
+                self.landed("kafka_not_enough_replicas")  # writes refused from here
                 time.sleep(self.rng.uniform(8, 15))
             finally:
                 ha.set_min_insync_replicas(self.topics["out"], 2)
@@ -177,6 +185,7 @@ class HaChaos(Chaos):
         node = self.rng.randint(1, 3)
         ha.kafka_pause(node)
         try:
+            self.landed("kafka_broker_paused")
             time.sleep(12)
         finally:
             ha.kafka_resume(node)
@@ -186,6 +195,7 @@ class HaChaos(Chaos):
         master = ha.redis_master()
         ha.redis_kill(master)
         try:
+            self.landed("redis_master_killed")
             ha.redis_wait_failover(master)
         finally:
             ha.redis_restart(master)

@@ -34,7 +34,7 @@ HA_SH = ROOT / "deploy/local/ha.sh"
 HA_DIR = ROOT / ".stack/ha"
 KAFKA_PORTS = (19092, 19093, 19094)
 KAFKA_PROXIED_PORTS = (19292, 19293, 19294)  # the PROXIED listener, behind the proxies
-KAFKA_PROXY_PORTS = (19392, 19393, 19394)  # what that listener advertises
+KAFKA_PROXY_PORTS = (19392, 19393, 19394)  # what that listener advertises (127.0.0.1)
 PG_MONITOR_PORT = 15432
 PG_NODE_PORTS = (15433, 15434)
 REDIS_PORTS = (16379, 16380)
@@ -112,6 +112,7 @@ def pg_kill(node: int) -> None:
     postmaster's children call setsid), so they are found by parent, and killed first: a
     backend left behind keeps the shared memory and the node would not start again."""
     postmaster = _pidfile(pg_ha_dir() / f"node{node}" / "postmaster.pid")
+    os.kill(postmaster, signal.SIGSTOP)  # no new child between the listing and the kill
     for child in _children(postmaster):
         with contextlib.suppress(ProcessLookupError):
             os.kill(child, signal.SIGKILL)

@@ -340,6 +340,14 @@ class Chaos:
             faults["kafka_broker_restarted"] = lambda: _stack("restart-kafka")
         return faults
 
+    def landed(self, kind: str) -> None:
+        """A fault that looks before it strikes (which node leads, which is primary) calls
+        this at the strike: its gap counts from here, not from its preparation."""
+        for i in range(len(self.fault_starts) - 1, -1, -1):
+            if self.fault_starts[i][0] == kind:
+                self.fault_starts[i] = (kind, time.time())
+                return
+
     def lane(self, name: str, faults: dict[str, Callable[[], None]]) -> None:
         schedule = [k for k in faults for _ in range(self.per_kind)]
         self.rng.shuffle(schedule)
@@ -353,7 +361,7 @@ class Chaos:
             if self.stop_faults.is_set():
                 return
             log(f"{name}: {kind}")
-            self.fault_starts.append((kind, time.time()))
+            self.fault_starts.append((kind, time.time()))  # see landed()
             try:
                 faults[kind]()
                 self.faults[kind] += 1
