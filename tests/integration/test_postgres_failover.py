@@ -53,8 +53,12 @@ def _decisions_missing_for_events(node: Node, events: list[dict[str, Any]]) -> l
     return sorted(published - {r["txn_id"] for r in rows})
 
 
-def _prepare(primary: Node) -> None:
+def _prepare(env: stack.Env, primary: Node) -> None:
+    """The payauth database on the primary, migrated, with the test's accounts."""
     stack.fetch(primary.dsn(), "CREATE DATABASE payauth")
+    assert payauth(env, "migrate", PAYAUTH_DATABASE_URL=primary.dsn("payauth")).returncode == 0
+    asyncio.run(stack.seed_accounts(primary.dsn("payauth"),
+                                    [(a, "10000.00", "EUR") for a in ACCOUNTS]))
 
 
 def _approved(worker: Any) -> float:
@@ -70,11 +74,7 @@ def _failover(env: stack.Env, spawn_worker: Any, *, synchronous: bool
     what was sent, the result events and the worker."""
     primary, standby, base = replicated_pair(synchronous=synchronous)
     try:
-        _prepare(primary)
-        assert payauth(env, "migrate", PAYAUTH_DATABASE_URL=primary.dsn("payauth")
-                       ).returncode == 0
-        asyncio.run(stack.seed_accounts(primary.dsn("payauth"),
-                                        [(a, "10000.00", "EUR") for a in ACCOUNTS]))
+        _prepare(env, primary)
         url = (f"postgresql://postgres@{primary.address},{standby.address}/payauth"
                "?target_session_attrs=read-write")
         worker = spawn_worker(env, PAYAUTH_DATABASE_URL=url)
@@ -154,11 +154,7 @@ def test_a_decision_whose_wait_for_the_standby_was_cancelled_is_published_once_r
     primary, standby, base = replicated_pair(synchronous=True)
     worker = None
     try:
-        _prepare(primary)
-        assert payauth(env, "migrate", PAYAUTH_DATABASE_URL=primary.dsn("payauth")
-                       ).returncode == 0
-        asyncio.run(stack.seed_accounts(primary.dsn("payauth"),
-                                        [(a, "10000.00", "EUR") for a in ACCOUNTS]))
+        _prepare(env, primary)
         # statement timeout 1 s: the client gives up on a call after 2 s and cancels it
         worker = spawn_worker(env, PAYAUTH_DATABASE_URL=primary.dsn("payauth"),
                               PAYAUTH_STATEMENT_TIMEOUT_MS="1000")

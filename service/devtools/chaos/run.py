@@ -348,14 +348,17 @@ class Chaos:
                 self.fault_starts[i] = (kind, time.time())
                 return
 
-    def lane(self, name: str, faults: dict[str, Callable[[], None]]) -> None:
+    def lane(self, name: str, faults: dict[str, Callable[[], None]], phase: float) -> None:
+        """The faults of one lane in a seeded order, evenly spread over the run, each
+        ``phase`` of an interval into its slot (the two lanes take 0.25 and 0.75: the first
+        fault finds the workers at work, and the lanes do not strike at the same moment,
+        so each gap is one fault's, unless a fault outlasts half an interval)."""
         schedule = [k for k in faults for _ in range(self.per_kind)]
         self.rng.shuffle(schedule)
         interval = self.seconds / max(1, len(schedule))
         started = time.monotonic()
         for i, kind in enumerate(schedule):
-            # half an interval in: the first fault finds the workers at work
-            wait = started + (i + 0.5) * interval - time.monotonic()
+            wait = started + (i + phase) * interval - time.monotonic()
             if wait > 0 and self.stop_faults.wait(wait):
                 return
             if self.stop_faults.is_set():
@@ -386,8 +389,10 @@ class Chaos:
             seed=self.seed, late_after_seconds=30)
         load = threading.Thread(target=generator.run,
                                 kwargs={"seconds": self.seconds, "rate": self.rate})
-        lanes = [threading.Thread(target=self.lane, args=("workers", self.worker_faults())),
-                 threading.Thread(target=self.lane, args=("services", self.infra_faults()))]
+        lanes = [threading.Thread(target=self.lane,
+                                  args=("workers", self.worker_faults(), 0.25)),
+                 threading.Thread(target=self.lane,
+                                  args=("services", self.infra_faults(), 0.75))]
         load.start()
         for lane in lanes:
             lane.start()
