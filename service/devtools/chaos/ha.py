@@ -209,23 +209,16 @@ class HaChaos(Chaos):
             proxy.restore()
 
     # ---------------------------------------------------------- heal, cleanup
-    def heal(self) -> None:
-        log("faults stopped; healing: every proxy open, three workers running")
+    def heal_services(self) -> None:
         for proxy in self.broker_proxies:
             proxy.restore()
-        for slot, worker in enumerate(self.supervisor.slots):
-            if worker is not None:
-                worker.signal(signal.SIGCONT)
-            self.supervisor.release(slot)
 
-    def cleanup(self, *, keep: bool) -> None:
+    def close_services(self) -> None:
         for proxy in self.broker_proxies:
             proxy.close()
-        if keep and not self.control:  # the control's failure is the expected one
-            log(f"kept database {self.database} and topics chaos.{self.run}.* for inspection")
-            return
-        scratch.delete_topics(self.settings.kafka_bootstrap_servers, list(self.topics.values()))
-        asyncio.run(scratch.drop_database(self.dsn, self.database))
+
+    def cleanup(self, *, keep: bool) -> None:
+        super().cleanup(keep=keep and not self.control)  # the control's failure is expected
 
 
 def read_ha_env(path: Path = HA_ENV) -> dict[str, str]:

@@ -423,14 +423,18 @@ class Chaos:
         return 0 if ok else 1
 
     def heal(self) -> None:
-        log("faults stopped; healing: Redis up, PostgreSQL reachable, three workers running")
-        self.proxy.restore()
-        if self.redis.proc is None or self.redis.proc.poll() is not None:
-            self.redis.start()
+        log("faults stopped; healing the services, three workers running")
+        self.heal_services()
         for slot, worker in enumerate(self.supervisor.slots):
             if worker is not None:
                 worker.signal(signal.SIGCONT)
             self.supervisor.release(slot)
+
+    def heal_services(self) -> None:
+        """Redis up, PostgreSQL reachable (the services' faults may have left them down)."""
+        self.proxy.restore()
+        if self.redis.proc is None or self.redis.proc.poll() is not None:
+            self.redis.start()
 
     def wait_for_zero_lag(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -484,9 +488,13 @@ class Chaos:
             lines += ["", "run problems:"] + [f"  {e}" for e in failed + self.errors]
         return "\n".join(lines)
 
-    def cleanup(self, *, keep: bool) -> None:
+    def close_services(self) -> None:
+        """What the run started for its faults (a private Redis, the proxy)."""
         self.redis.stop()
         self.proxy.close()
+
+    def cleanup(self, *, keep: bool) -> None:
+        self.close_services()
         if keep:
             log(f"kept database {self.database} and topics chaos.{self.run}.* for inspection")
             return
