@@ -8,7 +8,8 @@ Three workers in one group on the local stack; a load generator with a ground-tr
 lanes of seeded, random faults (workers: kill -9, kill -9 at the commit points, SIGTERM,
 SIGSTOP past the poll interval, a member joining mid-batch, a planned rollback; services:
 Redis stopped/flushed/restarted, PostgreSQL restarted/paused/unreachable, the Kafka broker
-restarted). Then faults stop, lag drains to zero, the checker runs and a table is printed.
+restarted). Then faults stop, the load runs on 15 s past the last one (a fault that ran late
+still strikes under load), lag drains to zero, the checker runs and a table is printed.
 Exit 1 on any violation.
 
     CHAOS_SECONDS (default 240)  CHAOS_SEED (default 1)  CHAOS_RATE new transactions/s (100)
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import random
 import shutil
@@ -48,6 +50,7 @@ from service.devtools.processes import ROOT, WorkerProcess
 
 STACK = ROOT / "deploy/local/stack.sh"
 PARTITIONS = 12
+LOAD_AFTER_FAULTS = 15.0  # seconds of load after the last fault has ended (see execute)
 
 
 def log(msg: str) -> None:
@@ -387,8 +390,13 @@ class Chaos:
             bootstrap=self.settings.kafka_bootstrap_servers, topic=self.topics["in"],
             partitions=PARTITIONS, run=self.run, accounts=self.accounts, log_path=truth,
             seed=self.seed, late_after_seconds=30)
-        load = threading.Thread(target=generator.run,
-                                kwargs={"seconds": self.seconds, "rate": self.rate})
+        # The load runs CHAOS_SECONDS, and on while a fault that ran late is still striking,
+        # then LOAD_AFTER_FAULTS more: every fault strikes under load and is followed by
+        # messages, or its gap could not be measured (a slow machine had struck the last
+        # fault after the load had ended).
+        stop_load = threading.Event()
+        load = threading.Thread(target=generator.run, kwargs={
+            "seconds": math.inf, "rate": self.rate, "stop": stop_load})
         lanes = [threading.Thread(target=self.lane,
                                   args=("workers", self.worker_faults(), 0.25)),
                  threading.Thread(target=self.lane,
@@ -396,18 +404,21 @@ class Chaos:
         load.start()
         for lane in lanes:
             lane.start()
-        while load.is_alive():
-            load.join(timeout=10)
+        planned_end = time.monotonic() + self.seconds
+        while time.monotonic() < planned_end:
+            time.sleep(min(10.0, max(0.0, planned_end - time.monotonic())))
             log(f"progress: {sum(generator.sent.values())} messages sent")
-        load.join()
-        generator.close()
-        log(f"load done: {sum(generator.sent.values())} messages sent")
-        # Let the fault lanes finish what they planned (bounded), then heal everything.
+        # Let the fault lanes finish what they planned (bounded), then stop them.
         for lane in lanes:
             lane.join(timeout=self.seconds)
         self.stop_faults.set()
         for lane in lanes:
             lane.join()
+        time.sleep(LOAD_AFTER_FAULTS)
+        stop_load.set()
+        load.join()
+        generator.close()
+        log(f"load done: {sum(generator.sent.values())} messages sent")
         self.heal()
         caught_up = self.wait_for_zero_lag(timeout=600)
         observer.stop()
