@@ -7,7 +7,8 @@ JSON, card data) and ``_validate`` (the schema). Before it, the worker reads
 
 Amounts never pass through ``float``: ``json.loads`` is told to build ``Decimal``s and to
 refuse ``NaN``/``Infinity`` outright (it would otherwise turn them into floats even with
-``parse_float=Decimal``).
+``parse_float=Decimal``). A document without escapes, floats or repeated keys (nearly every
+message) is read by orjson instead, which reads it exactly the same (``_read_plain``).
 """
 
 from __future__ import annotations
@@ -257,6 +258,37 @@ def redelivery_key(raw: bytes | None, *, max_bytes: int = 65_536) -> RedeliveryK
                          message_id if type(message_id) is str else None)
 
 
+def _read_plain(raw: bytes) -> Any:
+    """The document, read by orjson (under half the stdlib's cost), when that reading is
+    exactly the strict one below; None whenever it might not be (the strict reading decides,
+    and words any refusal). Exactly: orjson refuses what the strict reading refuses (invalid
+    UTF-8, a byte order mark, NaN/Infinity, control characters in strings, trailing text);
+    no backslash, so no escape to read differently; no float in what it read (a fraction,
+    an exponent or an integer past 64 bits, which the strict reading keeps exact); no key
+    repeated, which orjson would keep once (every string it kept is written back with two
+    quotes, so a dropped key shows as missing quotes); at most 254 levels of nesting, what
+    orjson writes back."""
+    if b"\\" in raw:
+        return None
+    try:
+        document = orjson.loads(raw)
+        if orjson.dumps(document).count(b'"') != raw.count(b'"'):
+            return None
+    except (ValueError, TypeError):  # JSONDecodeError, too deep to write back
+        return None
+    stack = [document]
+    while stack:  # iterative: no nesting depth can exhaust the interpreter's stack
+        item = stack.pop()
+        kind = type(item)
+        if kind is dict:
+            stack.extend(item.values())
+        elif kind is list:
+            stack.extend(item)
+        elif kind is float:
+            return None
+    return document
+
+
 def _parse(raw: bytes | None, *, max_bytes: int = 65_536) -> dict[str, Any]:
     """Size, encoding, JSON and card-data checks; raises ``InvalidMessage``."""
     if raw is None:
@@ -278,16 +310,19 @@ def _parse(raw: bytes | None, *, max_bytes: int = 65_536) -> dict[str, Any]:
             exponents.append(literal)
         return Decimal(literal)
 
-    try:
-        document = json.loads(
-            text,
-            parse_float=exact_number,
-            parse_constant=_reject_constant,
-            object_pairs_hook=_no_duplicate_keys,
-        )
-    except (ValueError, RecursionError) as exc:
-        detail = str(exc).splitlines()[0][:200] if isinstance(exc, ValueError) else "too deep"
-        raise InvalidMessage(DeadLetterReason.INVALID_JSON, detail) from None
+    document = _read_plain(raw)
+    if document is None:
+        try:
+            document = json.loads(
+                text,
+                parse_float=exact_number,
+                parse_constant=_reject_constant,
+                object_pairs_hook=_no_duplicate_keys,
+            )
+        except (ValueError, RecursionError) as exc:
+            detail = str(exc).splitlines()[0][:200] if isinstance(exc, ValueError) \
+                else "too deep"
+            raise InvalidMessage(DeadLetterReason.INVALID_JSON, detail) from None
     if (exponents or may_contain_pan(text)) and document_contains_pan(document):
         # Checked before the schema so that no error detail can ever quote the number.
         raise InvalidMessage(

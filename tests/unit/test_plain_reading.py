@@ -1,0 +1,83 @@
+"""The fast reading of a message (orjson, ``messages._read_plain``) never decides otherwise
+than the strict one: over thousands of seeded mutations of good messages (quotes, escapes,
+numbers with fractions and exponents, 64-bit overflows, repeated keys, card numbers, nesting,
+bytes that are not UTF-8), ``decode_authorization`` gives the same authorization, or refuses
+with the same reason and detail, with the fast reading and without it."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from service.domain import messages
+from service.domain.errors import InvalidMessage
+from tests.support.factory import auth_message, encode
+
+PIECES = [b'"', b"\\", b".", b"e", b"E", b"1", b"0", b"-", b"+", b"{", b"}", b"[", b"]", b",",
+          b":", b" ", b"\xc3\xa9", b"\xff", b"\x01", b"NaN", b"4111111111111111",
+          b"4.111111111111111E15", b"123456789012345678901234567890", b"\\u0034",
+          b'"amount": 10.5', b'"currency": "EUR"', b'"transaction_id": "X"', b"[[[[", b"]]]]",
+          b"null", b"true", b"\xef\xbb\xbf"]
+
+
+def _mutants(count: int, seed: int) -> list[bytes]:
+    rng = random.Random(seed)
+    bases = [encode(auth_message(f"T-{i}", amount=amount))  # type: ignore[arg-type]
+             for i, amount in enumerate(["10.50", "1", "0.01", "999.99"])]
+    out = []
+    for _ in range(count):
+        raw = bytearray(rng.choice(bases))
+        for _ in range(rng.choice((1, 1, 2, 3))):
+            at = rng.randrange(len(raw) + 1)
+            piece = rng.choice(PIECES)
+            if rng.random() < 0.5:
+                raw[at:at] = piece
+            else:
+                raw[at:at + len(piece)] = piece
+        out.append(bytes(raw))
+    # whole documents the mutations rarely reach
+    out += [b'{"headers": {"message_id": "m"}, "body": {"x": 1e400}}',
+            b'{"a": ' + b"[" * 300 + b"]" * 300 + b"}",
+            b'{"a": 18446744073709551615, "b": 18446744073709551616, "c": -9223372036854775809}',
+            b'{"a": "x", "a": "y"}', b"[1, 2]", b'"text"', b"{}", b" {} "]
+    return out
+
+
+def _outcome(raw: bytes) -> tuple[str, Any]:
+    try:
+        auth = messages.decode_authorization(raw)
+    except InvalidMessage as exc:
+        return "refused", (exc.reason, exc.detail)
+    return "decided", repr(auth)
+
+
+def test_the_fast_reading_never_decides_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    corpus = _mutants(4000, seed=13)
+    plain = messages._read_plain
+    taken = sum(plain(raw) is not None for raw in corpus)
+    fast = [_outcome(raw) for raw in corpus]
+    monkeypatch.setattr(messages, "_read_plain", lambda _raw: None)
+    strict = [_outcome(raw) for raw in corpus]
+    for raw, a, b in zip(corpus, fast, strict, strict=True):
+        assert a == b, raw
+    # not a vacuous comparison: both readings ran on many messages, accepted and refused
+    assert taken > 1000
+    assert sum(kind == "decided" for kind, _ in strict) > 500
+    assert sum(kind == "refused" for kind, _ in strict) > 1000
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"a": 1.5}', b'{"a": 1e3}', b'{"a": 123456789012345678901234567890}',  # floats
+    b'{"a": "\\u0034"}',  # an escape
+    b'{"a": 1, "a": 2}',  # a repeated key
+    b'{"a": ' + b"[" * 300 + b"]" * 300 + b"}",  # deeper than orjson writes back
+])
+def test_what_orjson_would_read_otherwise_is_left_to_the_strict_reading(raw: bytes) -> None:
+    assert messages._read_plain(raw) is None
+
+
+def test_a_plain_document_is_read_fast() -> None:
+    raw = encode(auth_message("T", amount="10.50"))
+    assert messages._read_plain(raw) == messages._parse(raw)
