@@ -40,3 +40,17 @@ def test_event_bytes_of_a_decline() -> None:
         b'"currency":"EUR","authorization_type":"PURCHASE","result":"DECLINED",'
         b'"decline_reason":"INSUFFICIENT_FUNDS","correlation_id":"txn-VISA-2026-8847291",'
         b'"processed_at":"2026-04-07T14:32:15.120Z"}')
+
+
+def test_event_id_is_the_uuid5_of_the_transaction_id() -> None:
+    import random
+    import uuid
+
+    from service.domain.messages import EVENT_NAMESPACE
+
+    rng = random.Random(5)
+    names = ["", "X", "TXN-VISA-8847291", "é-ü-ß", "\U0001f4b3" * 3, "a" * 128] + [
+        "".join(chr(rng.randrange(32, 0x3000)) for _ in range(rng.randrange(1, 40)))
+        for _ in range(500)]
+    for name in names:
+        assert event_id_for(name) == str(uuid.uuid5(EVENT_NAMESPACE, name)), name
