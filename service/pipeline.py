@@ -227,8 +227,8 @@ class BatchProcessor:
         metrics.dedup_lookup_seconds.labels("redis").observe(time.perf_counter() - started)
         metrics.redis_up.set(1 if self._cache.up else 0)
         stage.lap("redis")
-        fast_duplicates, rest = split_fast_path(msgs, keys, known, self.replay_marks)
-        valid, invalid = decode_all(rest, self._limits)
+        fast_duplicates, rest, rest_keys = split_fast_path(msgs, keys, known, self.replay_marks)
+        valid, invalid = decode_all(rest, self._limits, rest_keys)
         stage.lap("validate")
 
         # 3. the store

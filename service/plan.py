@@ -7,8 +7,8 @@ step what the previous I/O returned:
     [cache lookup]
     split_fast_path(messages, keys, known, replays)
                                               → fast-path duplicates (with their cause),
-                                                and the rest
-    decode_all(rest, limits)                  → valid requests, and dead letters
+                                                and the rest, with their keys
+    decode_all(rest, limits, rest_keys)       → valid requests, and dead letters
     [store lookup]
     split_stored(valid, stored, replays)      → new requests, and duplicates/conflicts
     [authorize the new ones]
@@ -157,23 +157,26 @@ def read_keys(msgs: Sequence[Message], limits: Limits) -> list[RedeliveryKey | N
 
 def split_fast_path(msgs: Sequence[Message], keys: Sequence[RedeliveryKey | None],
                     known: dict[str, str], replays: ReplayMarks
-                    ) -> tuple[list[Duplicate], list[Message]]:
+                    ) -> tuple[list[Duplicate], list[Message], list[RedeliveryKey | None]]:
     """A message whose key fields are exactly those of a transaction the fast path knows is
-    a duplicate already decided and published; every other one goes on."""
+    a duplicate already decided and published; every other one goes on, with its key."""
     duplicates: list[Duplicate] = []
     rest: list[Message] = []
+    rest_keys: list[RedeliveryKey | None] = []
     for msg, key in zip(msgs, keys, strict=True):
         value = known.get(key.transaction_id) if key is not None else None
         if key is None or value is None:
             rest.append(msg)
+            rest_keys.append(key)
             continue
         fingerprint, first_partition, first_token = read_fast_path_value(value)
         if fingerprint != key.fingerprint:
             rest.append(msg)  # another payload: the store tells a conflict
+            rest_keys.append(key)
             continue
         cause = _cause(msg, replays, first_partition, key.message_id, first_token)
         duplicates.append(Duplicate(msg, DuplicateLayer.REDIS, key.transaction_id, cause))
-    return duplicates, rest
+    return duplicates, rest, rest_keys
 
 
 def _cause(msg: Message, replays: ReplayMarks, first_partition: str, message_id: str | None,
@@ -187,16 +190,19 @@ def _cause(msg: Message, replays: ReplayMarks, first_partition: str, message_id:
                            first_partition, message_id, first_token)
 
 
-def decode_all(msgs: Sequence[Message], limits: Limits
+def decode_all(msgs: Sequence[Message], limits: Limits,
+               keys: Sequence[RedeliveryKey | None] | None = None,
                ) -> tuple[list[tuple[Message, Authorization]], list[Invalid]]:
     """Parse strictly and validate; whatever refuses a message, even a bug in decoding,
-    makes it a dead letter (decoding is pure: trying again would fail the same way)."""
+    makes it a dead letter (decoding is pure: trying again would fail the same way).
+    ``keys``: each message's ``read_keys`` result, whose reading decoding reuses."""
     valid: list[tuple[Message, Authorization]] = []
     invalid: list[Invalid] = []
-    for msg in msgs:
+    for msg, key in zip(msgs, keys if keys is not None else [None] * len(msgs), strict=True):
         try:
             valid.append((msg, decode_authorization(
-                msg.value(), max_bytes=limits.max_message_bytes, max_refund=limits.max_refund)))
+                msg.value(), max_bytes=limits.max_message_bytes, max_refund=limits.max_refund,
+                key=key)))
         except InvalidMessage as exc:
             invalid.append(Invalid(msg, exc.reason, exc.detail))
         except Exception as exc:

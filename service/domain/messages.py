@@ -220,6 +220,9 @@ class RedeliveryKey(NamedTuple):
     transaction_id: str
     fingerprint: str  # of the key fields as sent
     message_id: str | None  # unvalidated: compared (hashed), never shown
+    # The document as the strict parser would return it, when orjson's reading is exactly
+    # that one (see _read_plain): decode_authorization of the same bytes starts from it.
+    plain: Any = None
 
 
 def redelivery_key(raw: bytes | None, *, max_bytes: int = 65_536) -> RedeliveryKey | None:
@@ -265,7 +268,8 @@ def redelivery_key(raw: bytes | None, *, max_bytes: int = 65_536) -> RedeliveryK
     headers = document.get("headers")
     message_id = headers.get("message_id") if type(headers) is dict else None
     return RedeliveryKey(txn_id, fingerprint_of(account, amount, currency, auth_type),
-                         message_id if type(message_id) is str else None)
+                         message_id if type(message_id) is str else None,
+                         None if _holds_a_float(document) else document)
 
 
 def _read_plain(raw: bytes) -> Any:
@@ -286,8 +290,14 @@ def _read_plain(raw: bytes) -> Any:
             return None
     except (ValueError, TypeError):  # JSONDecodeError, too deep to write back
         return None
+    return None if _holds_a_float(document) else document
+
+
+def _holds_a_float(document: Any) -> bool:
+    """Whether orjson read a number as a float anywhere in the document (iterative: no
+    nesting depth can exhaust the interpreter's stack)."""
     stack = [document]
-    while stack:  # iterative: no nesting depth can exhaust the interpreter's stack
+    while stack:
         item = stack.pop()
         kind = type(item)
         if kind is dict:
@@ -295,18 +305,22 @@ def _read_plain(raw: bytes) -> Any:
         elif kind is list:
             stack.extend(item)
         elif kind is float:
-            return None
-    return document
+            return True
+    return False
 
 
-def _parse(raw: bytes | None, *, max_bytes: int = 65_536) -> dict[str, Any]:
-    """Size, encoding, JSON and card-data checks; raises ``InvalidMessage``."""
+def _parse(raw: bytes | None, *, max_bytes: int = 65_536, plain: Any = None) -> dict[str, Any]:
+    """Size, encoding, JSON and card-data checks; raises ``InvalidMessage``. ``plain``: what
+    ``redelivery_key`` read from these bytes, which passed every one of them already (its
+    card-data scan runs whenever this one would, on the same document)."""
     if raw is None:
         raise InvalidMessage(DeadLetterReason.INVALID_JSON, "empty message (null value)")
     if len(raw) > max_bytes:
         raise InvalidMessage(
             DeadLetterReason.TOO_LARGE, f"{len(raw)} bytes exceeds the limit of {max_bytes}"
         )
+    if plain is not None:
+        return plain  # type: ignore[no-any-return]
     try:
         text = raw.decode("utf-8", errors="strict")
     except UnicodeDecodeError as exc:
@@ -345,10 +359,13 @@ def _parse(raw: bytes | None, *, max_bytes: int = 65_536) -> dict[str, Any]:
 
 
 def decode_authorization(raw: bytes | None, *, max_bytes: int = 65_536,
-                         max_refund: Decimal = DEFAULT_MAX_REFUND) -> Authorization:
+                         max_refund: Decimal = DEFAULT_MAX_REFUND,
+                         key: RedeliveryKey | None = None) -> Authorization:
     """The one place that decides whether a message is an authorization request, exactly;
-    raises ``InvalidMessage`` with the dead-letter reason otherwise."""
-    auth = _validate(_parse(raw, max_bytes=max_bytes))
+    raises ``InvalidMessage`` with the dead-letter reason otherwise. ``key``: what
+    ``redelivery_key(raw)`` gave, if it was called (its reading is reused, not repeated)."""
+    plain = key.plain if key is not None else None
+    auth = _validate(_parse(raw, max_bytes=max_bytes, plain=plain))
     if auth.authorization_type is AuthorizationType.REFUND and auth.amount > max_refund:
         # Credit from nothing: a refund this large waits for a person (redrive after a check).
         raise InvalidMessage(

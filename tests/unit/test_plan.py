@@ -37,10 +37,11 @@ def test_each_message_gets_one_typed_outcome_and_the_plan_follows() -> None:
     batch = [Msg(raw, i) for i, raw in enumerate([fast, old, new, b"not json", clash_other])]
     limits = Limits()
     keys = read_keys(batch, limits)
-    fast_dups, rest = split_fast_path(batch, keys, {"F": decode_authorization(fast).fingerprint},
-                                      {})
+    fast_dups, rest, rest_keys = split_fast_path(
+        batch, keys, {"F": decode_authorization(fast).fingerprint}, {})
     assert [d.transaction_id for d in fast_dups] == ["F"] and fast_dups[0].layer == "redis"
-    valid, invalid = decode_all(rest, limits)
+    valid, invalid = decode_all(rest, limits, rest_keys)
+    assert [a for _, a in valid] == [a for _, a in decode_all(rest, limits)[0]]  # key or not
     assert [i.msg.off for i in invalid] == [3] and invalid[0].outcome is Outcome.INVALID
     records = {"O": stored(old, published=False), "C": stored(clash, published=True)}
     fresh, repeats = split_stored(valid, records, {})
@@ -86,12 +87,12 @@ def test_duplicate_causes_from_what_the_batch_already_has() -> None:
     batch = [sent("m-1", off=10), sent("m-2", off=11), sent("m-1", off=12, partition=3),
              sent("m-3", off=13, headers=redriven),
              sent("m-1", off=4, headers=redriven)]  # below the replay mark: a replay first
-    dups, rest = split_fast_path(batch, read_keys(batch, Limits()), known, {0: 5})
+    dups, rest, _ = split_fast_path(batch, read_keys(batch, Limits()), known, {0: 5})
     assert rest == []
     assert [d.cause for d in dups] == [C.REDELIVERY, C.PRODUCER_RETRY, C.CROSS_PARTITION,
                                        C.REDRIVE, C.REPLAY]
     # An entry written by an earlier version (a bare fingerprint) still matches.
-    old, _ = split_fast_path(batch[:1], read_keys(batch[:1], Limits()),
+    old, _, _ = split_fast_path(batch[:1], read_keys(batch[:1], Limits()),
                              {"T": first.fingerprint}, {})
     assert [d.cause for d in old] == [C.REDELIVERY]
     # The plan sums them up per batch: one sighting row per cause, layer and partition.
