@@ -307,8 +307,11 @@ class BatchProcessor:
                 extra_headers=letter.headers() if isinstance(letter, Conflict) else ())
             records.append(Record(self._topics.dlq, key, value, headers))
         await self._publisher.publish(records)
-        for _record, repeat in events:
-            metrics.events_published_total.labels("republish" if repeat else "first").inc()
+        republished = sum(1 for _record, repeat in events if repeat)
+        if republished:
+            metrics.events_published_total.labels("republish").inc(republished)
+        if len(events) > republished:
+            metrics.events_published_total.labels("first").inc(len(events) - republished)
 
     def _report_offsets(self, msgs: Sequence[Message]) -> None:
         last: dict[TP, tuple[int, int]] = {}

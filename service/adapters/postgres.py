@@ -43,12 +43,8 @@ from service.domain.vocabulary import DeclineReason, Result
 from service.ports import ClaimLost, DataRejected, Sighting
 
 # Errors that may pass on retry, by class (never by message text).
-_RETRYABLE = (
-    asyncpg.DeadlockDetectedError,
-    asyncpg.SerializationError,
-    asyncpg.LockNotAvailableError,
-    asyncpg.QueryCanceledError,  # statement_timeout
-)
+_RETRYABLE = (asyncpg.DeadlockDetectedError, asyncpg.SerializationError,
+              asyncpg.LockNotAvailableError, asyncpg.QueryCanceledError)  # statement_timeout
 _UNAVAILABLE = (
     OSError,
     TimeoutError,
@@ -99,6 +95,7 @@ SELECT result, decline_reason
                          $11, $12, $13)
 """
 _CLAIM_LOST_SQLSTATE = "PA409"
+_RESULTS = {r.value: r for r in Result}  # a dict lookup, not an enum call per row
 
 # Receipts for whole batches whose events were acknowledged, and published_at for records
 # republished one by one (decided earlier, never confirmed). One round trip.
@@ -254,13 +251,16 @@ class PostgresStore:
         """
         processed_at = datetime.now(UTC)
         batch_id = uuid.uuid4()  # its receipt, once the events are acknowledged
+        amounts = [a.amount_text for a in new]  # each derived once (they are properties)
+        fingerprints = [fingerprint_of(a.account_id, m, a.currency, a.authorization_type.value)
+                        for a, m in zip(new, amounts, strict=True)]
         args = (
             [a.transaction_id for a in new],
             [a.account_id for a in new],
-            [Decimal(a.amount_text) for a in new],
+            [Decimal(amount) for amount in amounts],
             [a.currency for a in new],
             [a.authorization_type.value for a in new],
-            [a.fingerprint for a in new],
+            fingerprints,
             [a.correlation_id for a in new],
             [a.message_id for a in new],
             list(source_partitions),
@@ -274,18 +274,18 @@ class PostgresStore:
         except Exception as exc:
             _raise_translated(exc)
         decisions = [
-            (Result(r["result"]),
+            (_RESULTS[r["result"]],
              DeclineReason(r["decline_reason"]) if r["decline_reason"] else None)
             for r in rows
         ]
         return [
             StoredResult(
                 transaction_id=a.transaction_id,
-                fingerprint=a.fingerprint,
+                fingerprint=fingerprint,
                 result=result,
                 decline_reason=reason,
                 account_id=a.account_id,
-                amount_text=a.amount_text,
+                amount_text=amount,
                 currency=a.currency,
                 authorization_type=a.authorization_type.value,
                 correlation_id=a.correlation_id,
@@ -295,9 +295,8 @@ class PostgresStore:
                 source_partition=partition,
                 message_id=a.message_id,
             )
-            for a, (result, reason), partition in zip(new, decisions, source_partitions,
-                                                      strict=True)
-        ]
+            for a, amount, fingerprint, (result, reason), partition in zip(
+                new, amounts, fingerprints, decisions, source_partitions, strict=True)]
 
     async def record_sightings(self, sightings: Sequence[Sighting]) -> None:
         """One row per batch's (cause, layer, partition): never a row per duplicate."""
