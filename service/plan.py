@@ -195,7 +195,7 @@ def decode_all(msgs: Sequence[Message], limits: Limits,
                ) -> tuple[list[tuple[Message, Authorization]], list[Invalid]]:
     """Parse strictly and validate; whatever refuses a message, even a bug in decoding,
     makes it a dead letter (decoding is pure: trying again would fail the same way).
-    ``keys``: each message's ``read_keys`` result, whose reading decoding reuses."""
+    ``keys``: each message's ``read_keys`` result (checks decoding need not repeat)."""
     valid: list[tuple[Message, Authorization]] = []
     invalid: list[Invalid] = []
     for msg, key in zip(msgs, keys if keys is not None else [None] * len(msgs), strict=True):
