@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import redis.asyncio as aioredis
@@ -58,6 +59,16 @@ for _, bucket in ipairs(KEYS) do
 end
 return found
 """
+
+
+def master_options(url: str) -> dict[str, Any]:
+    """What a client of the master the Sentinels name takes from ``PAYAUTH_REDIS_URL`` (its
+    host and port are the Sentinels' to give): user, password, database, TLS."""
+    parts = urlsplit(url)
+    return {"username": unquote(parts.username) if parts.username else None,
+            "password": unquote(parts.password) if parts.password else None,
+            "db": int(parts.path.lstrip("/") or 0),  # a number: Settings checked it
+            "ssl": parts.scheme == "rediss"}
 
 
 class RedisDedupCache:
@@ -95,8 +106,6 @@ class RedisDedupCache:
         """The master the Sentinels name, found again after a failover: redis-py's
         Sentinel connection pool asks them on every new connection, and a connection to a
         demoted master fails and is replaced. Password and database from ``url``."""
-        parts = urlsplit(url)
-        database = int(parts.path.lstrip("/") or 0)  # a number: Settings checked it
         sentinel = Sentinel(  # type: ignore[no-untyped-call]  # redis-py leaves it bare
             sentinels, socket_timeout=timeout_seconds,
             sentinel_kwargs={"password": sentinel_password or None,
@@ -104,12 +113,8 @@ class RedisDedupCache:
                              "socket_connect_timeout": timeout_seconds},
         )
         client = sentinel.master_for(
-            master, password=unquote(parts.password) if parts.password else None,
-            username=unquote(parts.username) if parts.username else None, db=database,
-            socket_timeout=timeout_seconds, socket_connect_timeout=timeout_seconds,
-            decode_responses=True, health_check_interval=30,
-            ssl=parts.scheme == "rediss",
-        )
+            master, socket_timeout=timeout_seconds, socket_connect_timeout=timeout_seconds,
+            decode_responses=True, health_check_interval=30, **master_options(url))
         return cls(client, ttl_seconds=ttl_seconds)
 
     # ----------------------------------------------------------------- layout

@@ -37,3 +37,19 @@ def test_a_bad_sentinel_setting_is_one_line(monkeypatch: pytest.MonkeyPatch,
     with pytest.raises(ConfigError, match=named) as caught:
         load_settings()
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(("url", "expected"), [
+    ("redis://localhost:6379/0",
+     {"username": None, "password": None, "db": 0, "ssl": False}),
+    ("rediss://payauth:p%40ss%3Aw0rd@ignored:6380/3",
+     {"username": "payauth", "password": "p@ss:w0rd", "db": 3, "ssl": True}),
+    ("redis://:only-a-password@ignored", {"username": None, "password": "only-a-password",
+                                          "db": 0, "ssl": False}),
+])
+def test_the_masters_credentials_come_from_the_redis_url(url: str, expected: dict) -> None:
+    # The worker's cache and the chaos checker both take these for the master the Sentinels
+    # name: a client without them cannot read a protected master.
+    from service.adapters.redis_cache import master_options
+
+    assert master_options(url) == expected

@@ -24,7 +24,7 @@ import redis.sentinel
 
 from service.adapters.kafka.admin import group_lag, read_snapshot
 from service.adapters.kafka.config import client_config
-from service.adapters.redis_cache import BUCKET_PREFIX
+from service.adapters.redis_cache import BUCKET_PREFIX, master_options
 from service.config import Settings
 from service.domain.dedup import read_fast_path_value
 from service.domain.events import event_time
@@ -99,8 +99,8 @@ def _redis(settings: Settings) -> redis.Redis:
             sentinel_kwargs={"password":
                              settings.redis_sentinel_password.get_secret_value() or None})
         return sentinel.master_for(  # type: ignore[no-untyped-call,no-any-return]
-            settings.redis_sentinel_master,
-            decode_responses=True, socket_timeout=5)
+            settings.redis_sentinel_master, decode_responses=True, socket_timeout=5,
+            **master_options(settings.redis_url.get_secret_value()))
     return redis.Redis.from_url(settings.redis_url.get_secret_value(), decode_responses=True,
                                 socket_timeout=5)
 
