@@ -251,16 +251,13 @@ class PostgresStore:
         """
         processed_at = datetime.now(UTC)
         batch_id = uuid.uuid4()  # its receipt, once the events are acknowledged
-        amounts = [a.amount_text for a in new]  # each derived once (they are properties)
-        fingerprints = [fingerprint_of(a.account_id, m, a.currency, a.authorization_type.value)
-                        for a, m in zip(new, amounts, strict=True)]
         args = (
             [a.transaction_id for a in new],
             [a.account_id for a in new],
-            [Decimal(amount) for amount in amounts],
+            [Decimal(a.amount_text) for a in new],
             [a.currency for a in new],
             [a.authorization_type.value for a in new],
-            fingerprints,
+            [a.fingerprint for a in new],
             [a.correlation_id for a in new],
             [a.message_id for a in new],
             list(source_partitions),
@@ -281,11 +278,11 @@ class PostgresStore:
         return [
             StoredResult(
                 transaction_id=a.transaction_id,
-                fingerprint=fingerprint,
+                fingerprint=a.fingerprint,
                 result=result,
                 decline_reason=reason,
                 account_id=a.account_id,
-                amount_text=amount,
+                amount_text=a.amount_text,
                 currency=a.currency,
                 authorization_type=a.authorization_type.value,
                 correlation_id=a.correlation_id,
@@ -295,8 +292,8 @@ class PostgresStore:
                 source_partition=partition,
                 message_id=a.message_id,
             )
-            for a, amount, fingerprint, (result, reason), partition in zip(
-                new, amounts, fingerprints, decisions, source_partitions, strict=True)]
+            for a, (result, reason), partition in zip(new, decisions, source_partitions,
+                                                      strict=True)]
 
     async def record_sightings(self, sightings: Sequence[Sighting]) -> None:
         """One row per batch's (cause, layer, partition): never a row per duplicate."""
