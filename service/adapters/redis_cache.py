@@ -30,7 +30,9 @@ from urllib.parse import unquote, urlsplit
 import redis.asyncio as aioredis
 import structlog
 from redis.asyncio.sentinel import Sentinel
+from redis.connection import HiredisRespSerializer
 from redis.exceptions import RedisError
+from redis.utils import HIREDIS_AVAILABLE
 
 log = structlog.get_logger(__name__)
 
@@ -59,6 +61,27 @@ for _, bucket in ipairs(KEYS) do
 end
 return found
 """
+
+
+class _PackingInC:
+    """Commands packed by hiredis (the reply parser already in use), as redis-py's sync
+    connections do; its asyncio connections pack in Python (redis-py issue 4176), about
+    1.5 µs an argument, and a batch's fast-path write has two arguments per transaction."""
+
+    _packer = HiredisRespSerializer()
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        packed: list[bytes] = self._packer.pack(*args)
+        return packed
+
+
+def packing_in_c(client: aioredis.Redis) -> aioredis.Redis:
+    """``client``, whose connections (made from now on) pack commands with hiredis."""
+    pool = client.connection_pool
+    if HIREDIS_AVAILABLE and not issubclass(pool.connection_class, _PackingInC):
+        base = pool.connection_class
+        pool.connection_class = type(f"PackingInC{base.__name__}", (_PackingInC, base), {})
+    return client
 
 
 def master_options(url: str) -> dict[str, Any]:
@@ -97,7 +120,7 @@ class RedisDedupCache:
             decode_responses=True,
             health_check_interval=30,
         )
-        return cls(client, ttl_seconds=ttl_seconds)
+        return cls(packing_in_c(client), ttl_seconds=ttl_seconds)
 
     @classmethod
     def from_sentinels(cls, sentinels: list[tuple[str, int]], master: str, url: str, *,
@@ -115,7 +138,7 @@ class RedisDedupCache:
         client = sentinel.master_for(
             master, socket_timeout=timeout_seconds, socket_connect_timeout=timeout_seconds,
             decode_responses=True, health_check_interval=30, **master_options(url))
-        return cls(client, ttl_seconds=ttl_seconds)
+        return cls(packing_in_c(client), ttl_seconds=ttl_seconds)
 
     # ----------------------------------------------------------------- layout
     def bucket_key(self, index: int) -> str:

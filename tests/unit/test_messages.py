@@ -103,12 +103,12 @@ def test_unknown_lower_case_or_non_payment_currency(currency: object) -> None:
 def test_python_float_is_refused_even_if_it_slips_in() -> None:
     from pydantic import ValidationError
 
-    from service.domain.messages import _Body
+    from service.domain.schema import BODY
 
     body = json.loads(with_body())["body"]
     body["amount"] = 0.1
     with pytest.raises(ValidationError, match="not a float"):
-        _Body.model_validate(body)
+        BODY.validate_python(body)
 
 
 @pytest.mark.parametrize("field", ["transaction_id", "account_id", "amount", "currency",
@@ -394,3 +394,26 @@ def test_numeric_network_identifiers_keep_the_fast_path() -> None:
         raw = encode(auth_message(txn, message_id=f"msg-{txn}"))
         key = redelivery_key(raw)
         assert key is not None and key.transaction_id == txn, txn
+
+
+@pytest.mark.parametrize(("part", "value", "detail"), [
+    ("body", "x", "body: Input should be a valid dictionary"),
+    ("headers", [], "headers: Input should be a valid dictionary"),
+    ("body", None, "body: Input should be a valid dictionary"),
+])
+def test_a_part_that_is_not_an_object_is_named_without_internal_names(
+        part: str, value: object, detail: str) -> None:
+    message = auth_message("TXN-1")
+    message[part] = value
+    with pytest.raises(InvalidMessage) as caught:
+        decode_authorization(encode(message))
+    assert caught.value.reason is DeadLetterReason.SCHEMA_VIOLATION
+    assert caught.value.detail == detail
+
+
+def test_fields_the_schema_does_not_name_are_allowed() -> None:
+    message = auth_message("TXN-1")
+    message["body"]["gateway_risk_score"] = 7
+    message["headers"]["trace"] = {"span": "abc"}
+    message["metadata"] = ["anything"]
+    assert decode_authorization(encode(message)).transaction_id == "TXN-1"
