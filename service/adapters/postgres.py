@@ -35,6 +35,7 @@ from typing import Any, NoReturn, Self
 
 import asyncpg
 
+from service.adapters.pg_columns import joined, split
 from service.domain.dedup import StoredResult
 from service.domain.errors import StoreUnavailable, TransientError
 from service.domain.messages import Authorization, fingerprint_of
@@ -86,13 +87,14 @@ SELECT l.txn_id, NULL, 'APPROVED', NULL, l.account_id, abs(l.amount)::text, l.cu
 """
 
 # Locks, decides and writes the batch, and commits on its own: one round trip
-# (migrations 004 and 007). Raises SQLSTATE PA409 when a claim was lost.
-# Public: the benchmark measures this very statement with pgbench.
-AUTHORIZE_STATEMENT = """
+# (migrations 004 and 007); the columns go as joined texts (``pg_columns``). Raises SQLSTATE
+# PA409 when a claim was lost. Public: the benchmark measures this very statement with pgbench.
+AUTHORIZE_STATEMENT = f"""
 SELECT result, decline_reason
-  FROM payauth_authorize($1::text[], $2::text[], $3::numeric[], $4::text[], $5::text[],
-                         $6::text[], $7::text[], $8::text[], $9::integer[], $10::bigint[],
-                         $11, $12, $13)
+  FROM payauth_authorize({split("$1")}, {split("$2")}, {split("$3", "::numeric[]")},
+                         {split("$4")}, {split("$5")}, {split("$6")}, {split("$7")},
+                         {split("$8")}, {split("$9", "::integer[]")},
+                         {split("$10", "::bigint[]")}, $11, $12, $13)
 """
 _CLAIM_LOST_SQLSTATE = "PA409"
 _RESULTS = {r.value: r for r in Result}  # a dict lookup, not an enum call per row
@@ -252,16 +254,16 @@ class PostgresStore:
         processed_at = datetime.now(UTC)
         batch_id = uuid.uuid4()  # its receipt, once the events are acknowledged
         args = (
-            [a.transaction_id for a in new],
-            [a.account_id for a in new],
-            [Decimal(a.amount_text) for a in new],
-            [a.currency for a in new],
-            [a.authorization_type.value for a in new],
-            [a.fingerprint for a in new],
-            [a.correlation_id for a in new],
-            [a.message_id for a in new],
-            list(source_partitions),
-            list(source_offsets),
+            joined([a.transaction_id for a in new]),
+            joined([a.account_id for a in new]),
+            joined([a.amount_text for a in new]),
+            joined([a.currency for a in new]),
+            joined([a.authorization_type.value for a in new]),
+            joined([a.fingerprint for a in new]),
+            joined([a.correlation_id for a in new]),
+            joined([a.message_id for a in new]),
+            joined([str(p) for p in source_partitions]),
+            joined([str(o) for o in source_offsets]),
             processed_at,
             source_topic,
             batch_id,
@@ -349,7 +351,7 @@ async def _prepare_statements(conn: asyncpg.Connection) -> None:
     empty: list[Any] = []
     try:
         await conn.fetch(_LOAD_STORED, empty)
-        await conn.fetch(AUTHORIZE_STATEMENT, *([empty] * 10), datetime.now(UTC), "", uuid.uuid4())
+        await conn.fetch(AUTHORIZE_STATEMENT, *([""] * 10), datetime.now(UTC), "", uuid.uuid4())
         await conn.execute(_MARK_PUBLISHED, empty, empty, datetime.now(UTC))
     except (asyncpg.UndefinedTableError, asyncpg.UndefinedFunctionError):
         pass  # not migrated yet: the first batch will say so; the connection is still fine

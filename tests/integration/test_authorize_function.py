@@ -12,6 +12,7 @@ from typing import Any
 import asyncpg
 import pytest
 
+from service.adapters.pg_columns import joined, split
 from service.adapters.postgres import PostgresStore
 from service.domain.messages import Authorization, decode_authorization
 from service.ports import ClaimLost
@@ -175,3 +176,19 @@ def test_a_lost_claim_writes_nothing_of_the_batch(env: stack.Env) -> None:
     ledger = stack.fetch(env.dsn, "SELECT txn_id FROM ledger_entries "
                                   "WHERE txn_id LIKE 'FN-second-%'")
     assert rows == [] and ledger == []
+
+
+@pytest.mark.parametrize("values", [
+    [], ["TXN-1"], [None], ["A", None, "B", None], [None, None], ["12.50", "0.001", "1000"],
+    [f"TXN-{i}" for i in range(2_000)], ["!#$%&'()*+,-./:;<=>?@[]^_`{|}~\"", "\\", "ü €"],
+])
+def test_a_column_comes_back_from_the_server_as_it_was_sent(env: stack.Env,
+                                                             values: list[str | None]) -> None:
+    """The authorize call's columns go as joined texts that the server splits back into
+    arrays (``pg_columns``): every value, NULL and order as sent."""
+    [row] = stack.fetch(env.dsn, f"SELECT {split('$1')} AS column", joined(values))
+    assert row["column"] == values
+    numbers = [str(n) for n in range(-3, 3)] + [str(2**40)]
+    [row] = stack.fetch(env.dsn, f"SELECT {split('$1', '::bigint[]')} AS column",
+                        joined(numbers))
+    assert row["column"] == [int(n) for n in numbers]

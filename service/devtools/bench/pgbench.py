@@ -17,22 +17,24 @@ from service.adapters import postgres as sql
 
 def script(batch: int, accounts: int) -> str:
     """One call of the statement with ``batch`` authorizations of 1.00 EUR on accounts
-    ``BA-00000`` … drawn at random (the arrays are built by the server: a few µs a row)."""
+    ``BA-00000`` … drawn at random (the columns are built by the server, as arrays joined
+    into the texts the worker sends: a few µs a row)."""
     rows = f"generate_series(1, {batch})"
-    values = {
+    arrays = {
         1: f"ARRAY(SELECT 'pgb-' || :client_id || '-' || :n || '-' || g FROM {rows} g)",
         2: f"ARRAY(SELECT 'BA-' || lpad(floor(random() * {accounts})::int::text, 5, '0') "
            f"FROM {rows})",
-        3: f"array_fill(1.00::numeric, ARRAY[{batch}])",
+        3: f"array_fill('1.00'::text, ARRAY[{batch}])",
         4: f"array_fill('EUR'::text, ARRAY[{batch}])",
         5: f"array_fill('PURCHASE'::text, ARRAY[{batch}])",
         6: f"array_fill('fp'::text, ARRAY[{batch}])",
         7: f"array_fill('corr'::text, ARRAY[{batch}])",
         8: f"array_fill('msg'::text, ARRAY[{batch}])",
-        9: f"array_fill(0, ARRAY[{batch}])",
-        10: f"array_fill(0::bigint, ARRAY[{batch}])",
-        11: "now()", 12: "'pgbench'", 13: "gen_random_uuid()",
+        9: f"array_fill('0'::text, ARRAY[{batch}])",
+        10: f"array_fill('0'::text, ARRAY[{batch}])",
     }
+    values = {number: f"array_to_string({array}, E'\\x1f')" for number, array in arrays.items()}
+    values |= {11: "now()", 12: "'pgbench'", 13: "gen_random_uuid()"}
     statement = sql.AUTHORIZE_STATEMENT
     for number in sorted(values, reverse=True):  # $13 before $1
         statement = statement.replace(f"${number}", values[number])
