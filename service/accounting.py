@@ -16,6 +16,7 @@ from collections import Counter
 import structlog
 
 from service import metrics
+from service.domain.vocabulary import DuplicateCause, DuplicateLayer
 from service.plan import BatchPlan, Conflict, Decided, Duplicate, Invalid
 
 log = structlog.get_logger("service.pipeline")
@@ -23,15 +24,15 @@ log = structlog.get_logger("service.pipeline")
 
 def account(plan: BatchPlan) -> None:
     outcomes: Counter[str] = Counter()
-    layers: Counter[tuple[str, str]] = Counter()
+    layers: Counter[tuple[DuplicateLayer, DuplicateCause]] = Counter()
     duplicate_ids: list[str] = []
     decisions: list[dict[str, object]] = []
     debug = log.is_enabled_for(logging.DEBUG)
     for o in plan.outcomes:
-        outcomes[o.outcome.value] += 1
+        outcomes[o.outcome] += 1
         msg = o.msg
         if isinstance(o, Duplicate):  # the common case of a replay: kept cheap
-            layers[(o.layer.value, o.cause.value)] += 1
+            layers[(o.layer, o.cause)] += 1
             duplicate_ids.append(o.transaction_id)
             if debug:
                 log.debug("duplicate", layer=o.layer, cause=o.cause, partition=msg.partition(),
@@ -39,7 +40,7 @@ def account(plan: BatchPlan) -> None:
         elif isinstance(o, Decided):
             decisions.append({"partition": msg.partition(), "offset": msg.offset(),
                               "transaction_id": o.record.transaction_id,
-                              "outcome": o.outcome.value})
+                              "outcome": o.outcome})
         elif isinstance(o, Invalid):
             # No transaction id: an id is only trusted (free of card data) once validated.
             log.warning("dead_lettered", reason=o.reason.value, source=o.source,
@@ -57,8 +58,8 @@ def account(plan: BatchPlan) -> None:
     by_cause: Counter[str] = Counter()
     for (layer, cause), count in layers.items():
         metrics.duplicates_total.labels(layer, cause).inc(count)
-        by_layer[layer] += count
-        by_cause[cause] += count
+        by_layer[layer.value] += count  # plain keys: orjson refuses a str subclass as a key
+        by_cause[cause.value] += count
     if duplicate_ids:
         log.warning(
             "duplicates", count=len(duplicate_ids), by_layer=dict(by_layer),

@@ -29,7 +29,7 @@ def result_event(stored: StoredResult) -> dict[str, object]:
         "amount": stored.amount_text,
         "currency": stored.currency,
         "authorization_type": stored.authorization_type,
-        "result": stored.result.value,
+        "result": stored.result,
         "decline_reason": None if approved else str(stored.decline_reason),
         "correlation_id": stored.correlation_id,
         "processed_at": event_time(stored.processed_at),

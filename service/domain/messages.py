@@ -64,7 +64,7 @@ class Authorization:
         duplicate; message_id, timestamps and merchant text may differ between retries.
         """
         return fingerprint_of(
-            self.account_id, self.amount_text, self.currency, self.authorization_type.value
+            self.account_id, self.amount_text, self.currency, self.authorization_type
         )
 
     @property
