@@ -47,7 +47,7 @@ class Kind(StrEnum):
     CONFLICT = "conflict"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built once per message, and frozen init costs 3x
 class Classified:
     auth: Authorization
     kind: Kind
