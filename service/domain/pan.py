@@ -69,7 +69,14 @@ def luhn_valid(digits: str) -> bool:
 
 
 def contains_pan(text: str) -> bool:
-    for match in _CANDIDATE.finditer(normalize(text)):
+    # A candidate spans 13 characters or more (normalising keeps the length), all of them
+    # digits or separators: two cheap looks rule out nearly every key and value of a message.
+    if len(text) < 13:
+        return False
+    normal = normalize(text)
+    if not has_long_digit_run(normal.encode("ascii", "replace")):
+        return False
+    for match in _CANDIDATE.finditer(normal):
         digits = _SEPARATORS.sub("", match.group())
         if 13 <= len(digits) <= 19 and digits[0] in "23456" and luhn_valid(digits):
             return True
