@@ -29,7 +29,8 @@ def account(plan: BatchPlan) -> None:
     decisions: list[dict[str, object]] = []
     debug = log.is_enabled_for(logging.DEBUG)
     for o in plan.outcomes:
-        outcomes[o.outcome] += 1
+        outcome = o.outcome  # a property for a decision: read once
+        outcomes[outcome] += 1
         msg = o.msg
         if isinstance(o, Duplicate):  # the common case of a replay: kept cheap
             layers[(o.layer, o.cause)] += 1
@@ -40,15 +41,15 @@ def account(plan: BatchPlan) -> None:
         elif isinstance(o, Decided):
             decisions.append({"partition": msg.partition(), "offset": msg.offset(),
                               "transaction_id": o.record.transaction_id,
-                              "outcome": o.outcome})
+                              "outcome": outcome})
         elif isinstance(o, Invalid):
             # No transaction id: an id is only trusted (free of card data) once validated.
             log.warning("dead_lettered", reason=o.reason.value, source=o.source,
                         partition=msg.partition(), offset=msg.offset(),
-                        outcome=o.outcome.value, transaction_id=None, message_id=None)
+                        outcome=outcome, transaction_id=None, message_id=None)
         elif isinstance(o, Conflict):
             log.warning("idempotency_key_conflict", partition=msg.partition(),
-                        offset=msg.offset(), outcome=o.outcome.value,
+                        offset=msg.offset(), outcome=outcome,
                         transaction_id=o.transaction_id, message_id=o.message_id)
     if decisions:
         log.info("decided", count=len(decisions), decisions=decisions)

@@ -78,17 +78,16 @@ def fingerprint_of(account_id: str, amount_text: str, currency: str, auth_type: 
 
 
 _NAMESPACE_BYTES = EVENT_NAMESPACE.bytes
+# The variant's hex digit: its top two bits set to 10 (RFC 4122), the low two kept.
+_VARIANT = {digit: "89ab"[int(digit, 16) & 3] for digit in "0123456789abcdef"}
 
 
 def event_id_for(transaction_id: str) -> str:
-    """``str(uuid.uuid5(EVENT_NAMESPACE, transaction_id))``, spelled out (RFC 4122 §4.3: SHA-1
-    of namespace and name, version 5, the RFC's variant): 1.6 µs where the uuid module's
-    objects take 4.2, once per event published."""
-    digest = bytearray(hashlib.sha1(_NAMESPACE_BYTES + transaction_id.encode()).digest()[:16])
-    digest[6] = (digest[6] & 0x0F) | 0x50
-    digest[8] = (digest[8] & 0x3F) | 0x80
-    h = digest.hex()
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+    """``str(uuid.uuid5(EVENT_NAMESPACE, transaction_id))``, spelled out on the hex digest
+    (RFC 4122 §4.3: SHA-1 of namespace and name; version digit 5, the RFC's variant): 1.1 µs
+    where the uuid module's objects take 4.2, once per event published."""
+    h = hashlib.sha1(_NAMESPACE_BYTES + transaction_id.encode()).hexdigest()
+    return f"{h[:8]}-{h[8:12]}-5{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:32]}"
 
 
 def _reject_constant(name: str) -> Any:
