@@ -53,3 +53,8 @@ def test_a_record_the_broker_refuses_fails_the_batch(env: stack.Env) -> None:
     too_large = Record(env.output_topic, "k", b"x" * 2_000_000)
     with pytest.raises(PublishFailed, match="not acknowledged"):
         _publish([Record(env.output_topic, "k", b"fine"), too_large])
+
+
+def test_a_topic_kafka_cannot_have_fails_the_batch(env: stack.Env) -> None:
+    with pytest.raises(PublishFailed, match="not acknowledged"):
+        _publish([Record(env.output_topic, "k", b"fine"), Record("no such topic!", "k", b"x")])

@@ -108,7 +108,12 @@ class Publisher:
         """Queue ``messages``; the ones the local queue had no room for are queued again once
         deliveries drained it, the ones refused outright are counted as refused."""
         while messages:
-            self._producer.produce_batch(topic, messages, on_delivery=ack.on_delivery)
+            try:
+                self._producer.produce_batch(topic, messages, on_delivery=ack.on_delivery)
+            except KafkaException as exc:  # refused before any was queued (as produce would)
+                for _ in messages:
+                    ack.on_delivery(exc.args[0], None)  # type: ignore[arg-type]  # no Message
+                return
             full = []
             for message in messages:
                 error = message.pop("_error", None)
