@@ -2,7 +2,7 @@
 
 One batch of new authorizations is one statement, one round trip, committed on its own:
 ``SELECT … FROM payauth_authorize(arrays, one element per authorization in offset order)``
-(migrations 004 and 007). Inside it:
+(migrations 004 and 007; each array sent as one joined text, ``pg_columns``). Inside it:
 
     SELECT … FROM accounts WHERE account_id = ANY(…) ORDER BY account_id FOR UPDATE
         -- lock the accounts (sorted, so two batches lock in the same order), read balances;
