@@ -41,7 +41,7 @@ def account(plan: BatchPlan) -> None:
         elif isinstance(o, Decided):
             decisions.append({"partition": msg.partition(), "offset": msg.offset(),
                               "transaction_id": o.record.transaction_id,
-                              "outcome": outcome})
+                              "outcome": outcome.value})  # console logs repr members
         elif isinstance(o, Invalid):
             # No transaction id: an id is only trusted (free of card data) once validated.
             log.warning("dead_lettered", reason=o.reason.value, source=o.source,

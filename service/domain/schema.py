@@ -3,8 +3,9 @@
 ``ENVELOPE.validate_python(document)`` checks a parsed document and returns it as plain
 dicts of validated values, or raises ``pydantic.ValidationError``. The parts are
 ``TypedDict``s, not models: validating into dicts costs about half of building three model
-instances per message, with the same rules and the same error locations and texts.
-(``typing_extensions.TypedDict``: pydantic needs it on Python 3.11.)
+instances per message, with the same rules and the same error locations and texts (but
+for a part that is not an object: "body: Input should be a valid dictionary", no longer
+naming a model class). (``typing_extensions.TypedDict``: pydantic needs it on Python 3.11.)
 """
 
 from __future__ import annotations

@@ -55,6 +55,8 @@ def test_a_record_the_broker_refuses_fails_the_batch(env: stack.Env) -> None:
         _publish([Record(env.output_topic, "k", b"fine"), too_large])
 
 
-def test_a_topic_kafka_cannot_have_fails_the_batch(env: stack.Env) -> None:
+@pytest.mark.parametrize("topic", ["no such topic!", "t" * 600],
+                         ids=["refused-by-the-broker", "refused-before-queuing"])
+def test_a_topic_kafka_cannot_have_fails_the_batch(env: stack.Env, topic: str) -> None:
     with pytest.raises(PublishFailed, match="not acknowledged"):
-        _publish([Record(env.output_topic, "k", b"fine"), Record("no such topic!", "k", b"x")])
+        _publish([Record(env.output_topic, "k", b"fine"), Record(topic, "k", b"x")])

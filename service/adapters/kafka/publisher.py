@@ -114,6 +114,10 @@ class Publisher:
                 for _ in messages:
                     ack.on_delivery(exc.args[0], None)  # type: ignore[arg-type]  # no Message
                 return
+            except BufferError:
+                # Documented, though this version reports a full queue per message instead;
+                # whatever it queued is unknown: the batch is sent again (same event ids).
+                raise PublishFailed("the producer's local queue is full") from None
             full = []
             for message in messages:
                 error = message.pop("_error", None)
