@@ -90,8 +90,8 @@ class Publisher:
         await ack.future
 
     async def _produce_one(self, record: Record, ack: _BatchAck) -> None:
-        headers: list[tuple[str, str | bytes | None]] | None = (
-            list(record.headers) if record.headers is not None else None)
+        """A record with headers (a dead letter), on its own: produce_batch drops headers."""
+        headers: list[tuple[str, str | bytes | None]] = list(record.headers or ())
         while True:
             try:
                 self._producer.produce(record.topic, value=record.value, key=record.key,
