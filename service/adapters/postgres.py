@@ -116,14 +116,10 @@ SELECT (SELECT count(*) FROM receipts) AS receipts,
        (SELECT count(*) FROM republished) AS republished
 """
 
-
-_RECORD_SIGHTINGS = """
-INSERT INTO duplicate_sightings (seen_at, cause, layer, partition, txn_ids)
-VALUES ($1, $2, $3, $4, $5::text[])
-"""
-_REPLAY_MARKS = """
-SELECT partition, before_offset FROM replay_marks WHERE group_id = $1 AND topic = $2
-"""
+_RECORD_SIGHTINGS = """INSERT INTO duplicate_sightings (seen_at, cause, layer, partition, txn_ids)
+VALUES ($1, $2, $3, $4, $5::text[])"""
+_REPLAY_MARKS = """SELECT partition, before_offset FROM replay_marks
+WHERE group_id = $1 AND topic = $2"""
 
 
 def translate(exc: BaseException) -> BaseException:
@@ -180,6 +176,7 @@ class PostgresStore:
                 timeout=10,
                 command_timeout=max(1.0, statement_timeout_ms / 1000 * 2),
                 init=_prepare_statements,
+                reset=_keep_session,
                 server_settings={
                     "application_name": "payauth-worker",
                     "statement_timeout": str(statement_timeout_ms),
@@ -342,6 +339,13 @@ class PostgresStore:
                 return int(await conn.fetchval("SELECT count(*) FROM processed_transactions"))
         except Exception as exc:
             _raise_translated(exc)
+
+
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """A connection taken back by the pool: asyncpg rolls back a transaction left open; the
+    rest of its default reset (a round trip per release, on each batch's path) undoes what
+    this pool never does: advisory locks (purge and migrate use connections of their own),
+    cursors, LISTEN, SET."""
 
 
 async def _prepare_statements(conn: asyncpg.Connection) -> None:

@@ -69,7 +69,7 @@ async def test_order_per_partition_no_overlap_and_batches_across_partitions() ->
     dispatcher = Dispatcher(processor, max_batch=7, close_timeout=5, max_in_flight=3)
     for chunk in range(20):
         for p in range(4):
-            dispatcher.submit(("t", p), [Msg(p, chunk * 3 + i) for i in range(3)])
+            dispatcher.submit({("t", p): [Msg(p, chunk * 3 + i) for i in range(3)]})
         await asyncio.sleep(0)
     await processor.until_done(240)
     await dispatcher.drain()
@@ -86,13 +86,13 @@ async def test_order_per_partition_no_overlap_and_batches_across_partitions() ->
 async def test_everything_submitted_before_revoke_is_processed_or_dropped_never_twice() -> None:
     processor = Processor()
     dispatcher = Dispatcher(processor, max_batch=10, close_timeout=5)
-    dispatcher.submit(("t", 0), [Msg(0, i) for i in range(50)])
+    dispatcher.submit({("t", 0): [Msg(0, i) for i in range(50)]})
     await processor.started.wait()
     await dispatcher.revoke([("t", 0)], lost=False)
     processed = [m.off for m in processor.done]
     assert processed == list(range(len(processed)))  # a prefix, in order, once
     assert len(processed) < 50, "what waited was dropped"
-    dispatcher.submit(("t", 0), [Msg(0, 50)])
+    dispatcher.submit({("t", 0): [Msg(0, 50)]})
     await processor.until_done(len(processed) + 1)
     assert processor.done[-1].off == 50
 
@@ -103,7 +103,7 @@ async def test_a_bug_past_the_processor_is_reported_not_swallowed() -> None:
 
     processor = Processor(bug)
     dispatcher = Dispatcher(processor, max_batch=10, close_timeout=1)
-    dispatcher.submit(("t", 0), [Msg(0, 0)])
+    dispatcher.submit({("t", 0): [Msg(0, 0)]})
     await processor.started.wait()
     await asyncio.sleep(0)  # the batch's task ends on the same loop turn
     assert isinstance(dispatcher.failed(), ValueError)
@@ -119,10 +119,10 @@ async def test_a_cancelled_batch_gives_back_the_partitions_it_keeps() -> None:
 
     processor = Processor(stuck)
     dispatcher = Dispatcher(processor, max_batch=100, close_timeout=0.05, max_in_flight=1)
-    dispatcher.submit(("t", 0), [Msg(0, 0), Msg(0, 1)])
-    dispatcher.submit(("t", 1), [Msg(1, 0), Msg(1, 1)])
+    dispatcher.submit({("t", 0): [Msg(0, 0), Msg(0, 1)]})
+    dispatcher.submit({("t", 1): [Msg(1, 0), Msg(1, 1)]})
     await processor.started.wait()  # the first batch (both partitions) is stuck
-    dispatcher.submit(("t", 1), [Msg(1, 2)])
+    dispatcher.submit({("t", 1): [Msg(1, 2)]})
     await dispatcher.revoke([("t", 0)], lost=False)
     await processor.until_done(3)
     assert [(m.p, m.off) for m in processor.done] == [(1, 0), (1, 1), (1, 2)]
@@ -137,10 +137,10 @@ async def test_after_a_failed_batch_nothing_later_on_its_partitions_is_processed
 
     processor = Processor(fail)
     dispatcher = Dispatcher(processor, max_batch=2, close_timeout=1, max_in_flight=1)
-    dispatcher.submit(("t", 0), [Msg(0, 0), Msg(0, 1), Msg(0, 2), Msg(0, 3)])
+    dispatcher.submit({("t", 0): [Msg(0, 0), Msg(0, 1), Msg(0, 2), Msg(0, 3)]})
     await processor.started.wait()
     await asyncio.sleep(0)
-    dispatcher.submit(("t", 0), [Msg(0, 4)])
+    dispatcher.submit({("t", 0): [Msg(0, 4)]})
     await asyncio.sleep(0)
     assert isinstance(dispatcher.failed(), RuntimeError)
     assert processor.done == [] and processor.calls == 1
@@ -152,9 +152,9 @@ async def test_the_age_of_the_oldest_unfinished_message_per_partition() -> None:
 
     processor = Processor(stuck)
     dispatcher = Dispatcher(processor, max_batch=10, close_timeout=0.05, max_in_flight=2)
-    dispatcher.submit(("t", 0), [Msg(0, 0)])
+    dispatcher.submit({("t", 0): [Msg(0, 0)]})
     await processor.started.wait()
-    dispatcher.submit(("t", 1), [Msg(1, 0)])
+    dispatcher.submit({("t", 1): [Msg(1, 0)]})
     await processor.until_done(1)  # partition 1 finished, partition 0 is stuck
     ages = dispatcher.oldest_unfinished()
     assert set(ages) == {("t", 0)} and ages[("t", 0)] >= 0
@@ -183,10 +183,10 @@ async def test_a_cancelled_batch_gives_back_only_what_was_not_reported_finished(
     processor = HalfDoneThenStuck(first_batch_waits_at_the_gate)
     dispatcher = Dispatcher(processor, finished_up_to=reported.get, max_batch=100,
                             close_timeout=0.05, max_in_flight=1)
-    dispatcher.submit(("t", 2), [Msg(2, 0)])  # in flight: the next batch takes 0 and 1 together
+    dispatcher.submit({("t", 2): [Msg(2, 0)]})  # in flight: the next batch takes 0 and 1 together
     await processor.started.wait()
-    dispatcher.submit(("t", 0), [Msg(0, 0)])
-    dispatcher.submit(("t", 1), [Msg(1, 0), Msg(1, 1), Msg(1, 2)])
+    dispatcher.submit({("t", 0): [Msg(0, 0)]})
+    dispatcher.submit({("t", 1): [Msg(1, 0), Msg(1, 1), Msg(1, 2)]})
     gate.set()
     await processor.until_done(1)
     await stuck.wait()
@@ -205,14 +205,14 @@ async def _hanging_first_batch(overlap_from: int, overlap_after: float
     processor = Processor(first=hang)
     dispatcher = Dispatcher(processor, max_batch=100, close_timeout=1, max_in_flight=3,
                             overlap_from=overlap_from, overlap_after=overlap_after)
-    dispatcher.submit(("t", 0), [Msg(0, 0)])
+    dispatcher.submit({("t", 0): [Msg(0, 0)]})
     await processor.started.wait()  # the first batch is in flight, hanging
     return processor, dispatcher, release
 
 
 async def _nine_waiting(dispatcher: Dispatcher) -> None:
     for i in range(9):
-        dispatcher.submit(("t", 1 + i % 3), [Msg(1 + i % 3, i // 3)])
+        dispatcher.submit({("t", 1 + i % 3): [Msg(1 + i % 3, i // 3)]})
         await asyncio.sleep(0)
 
 
@@ -229,7 +229,7 @@ async def test_under_light_load_the_next_batch_waits_and_goes_as_one() -> None:
 async def test_a_backlog_starts_a_second_batch_at_once() -> None:
     processor, dispatcher, release = await _hanging_first_batch(10, overlap_after=60)
     await _nine_waiting(dispatcher)
-    dispatcher.submit(("t", 4), [Msg(4, 0)])  # ten waiting: a backlog, overlap
+    dispatcher.submit({("t", 4): [Msg(4, 0)]})  # ten waiting: a backlog, overlap
     await processor.until_done(10)
     assert processor.calls == 2 and len(processor.batches[0]) == 10
     release.set()
@@ -239,9 +239,70 @@ async def test_a_backlog_starts_a_second_batch_at_once() -> None:
 
 async def test_a_slow_batch_does_not_hold_the_other_partitions_back() -> None:
     processor, dispatcher, release = await _hanging_first_batch(1000, overlap_after=0.01)
-    dispatcher.submit(("t", 1), [Msg(1, 0)])  # one message: no backlog, yet it goes
+    dispatcher.submit({("t", 1): [Msg(1, 0)]})  # one message: no backlog, yet it goes
     await processor.until_done(1)
     assert processor.calls == 2 and [m.p for m in processor.done] == [1]
     release.set()
     await processor.until_done(2)
+    await dispatcher.drain()
+
+
+class Gated(Processor):
+    """Every batch waits at the gate once started: what runs at once stays visible."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.in_flight: list[list[Msg]] = []
+
+    async def process(self, msgs: Sequence[Msg]) -> None:
+        self.in_flight.append(list(msgs))
+        await self.gate.wait()
+        await super().process(msgs)
+
+
+def _fetch(partitions: int, each: int) -> dict[tuple[str, int], list[Msg]]:
+    return {("t", p): [Msg(p, i) for i in range(each)] for p in range(partitions)}
+
+
+async def test_a_steady_loads_messages_are_shared_among_batches_that_run_at_once() -> None:
+    processor = Gated()
+    dispatcher = Dispatcher(processor, max_batch=1000, close_timeout=1, max_in_flight=3,
+                            overlap_from=40)
+    dispatcher.submit(_fetch(12, 10))  # 120 waiting, a few on every partition
+    for _ in range(5):
+        await asyncio.sleep(0)
+    running = processor.in_flight
+    assert len(running) == 3, [len(b) for b in running]
+    assert all(len(b) >= 40 for b in running) and sum(map(len, running)) == 120
+    partitions = [{m.p for m in b} for b in running]
+    assert sum(map(len, partitions)) == 12, "disjoint: a partition in one batch at a time"
+    processor.gate.set()
+    await processor.until_done(120)
+    await dispatcher.drain()
+
+
+async def test_too_few_to_share_go_as_one_batch_whatever_their_partitions() -> None:
+    processor = Gated()
+    dispatcher = Dispatcher(processor, max_batch=1000, close_timeout=1, max_in_flight=3,
+                            overlap_from=40)
+    dispatcher.submit(_fetch(12, 6))  # 72 waiting: under two shares
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert [len(b) for b in processor.in_flight] == [72]
+    processor.gate.set()
+    await processor.until_done(72)
+    await dispatcher.drain()
+
+
+async def test_a_backlogs_batches_stay_full() -> None:
+    processor = Gated()
+    dispatcher = Dispatcher(processor, max_batch=100, close_timeout=1, max_in_flight=3,
+                            overlap_from=40)
+    dispatcher.submit(_fetch(3, 500))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert [len(b) for b in processor.in_flight] == [100, 100, 100]
+    processor.gate.set()
+    await processor.until_done(1500)
     await dispatcher.drain()

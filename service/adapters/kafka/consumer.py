@@ -80,8 +80,9 @@ class Handoff:
         self.loop = loop
         self.dispatcher = dispatcher
 
-    def messages(self, tp: TP, msgs: list[Message]) -> None:
-        self.loop.call_soon_threadsafe(self.dispatcher.submit, tp, msgs)
+    def messages(self, arrived: dict[TP, list[Message]]) -> None:
+        """One fetch's messages, per partition, in one call (one wake-up of the loop)."""
+        self.loop.call_soon_threadsafe(self.dispatcher.submit, arrived)
 
     def revoke(self, tps: list[TP], timeout: float, *, lost: bool) -> None:
         future = asyncio.run_coroutine_threadsafe(
@@ -161,10 +162,11 @@ class ConsumerThread(threading.Thread):
             topic, partition = msg.topic(), msg.partition()
             assert topic is not None and partition is not None  # set on every consumed message
             by_tp.setdefault((topic, partition), []).append(msg)
+        if by_tp:
+            self._handoff.messages(by_tp)
         for tp, batch in by_tp.items():
             state = self._partitions.setdefault(tp, _PartitionState())
             state.in_flight += len(batch)
-            self._handoff.messages(tp, batch)
             if state.in_flight >= self._settings.max_in_flight_per_partition and not state.paused:
                 # Backpressure: the asyncio side is behind (or PostgreSQL is down). Stop
                 # fetching this partition but keep polling, so the group keeps us.

@@ -1,14 +1,20 @@
 """CPU time per process kind, read from /proc: the figure least moved by a noisy machine.
 
-``CpuClock(worker_pid).sample()`` before and after a phase; ``per_item(before, after, n)``
-gives µs of CPU (user + system) per item for the worker, PostgreSQL (every backend and the
-postmaster's helpers), the Kafka broker (its JVM) and Redis. A process that ends between the
-samples takes its CPU time with it (short-lived connections: a small undercount).
+``sample(worker_pid)`` before and after a phase; ``per_item(before, after, n)`` gives µs of
+CPU (user + system) per item for the worker, PostgreSQL (every backend and the postmaster's
+helpers), the Kafka broker (its JVM) and Redis. A process that ends between the samples
+takes its CPU time with it (short-lived connections: a small undercount).
+
+``snapshot(worker_pid)`` before and after a step of steady load; ``cores(before, after)``
+gives the cores each kind kept busy on average, the load generator's (this process) and the
+whole machine's: whether a rate was limited by the machine's CPU, not by a wait.
 """
 
 from __future__ import annotations
 
 import os
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
@@ -61,4 +67,40 @@ def per_item(before: Sample, after: Sample, items: int) -> dict[str, float]:
     for kind in KINDS:
         ticks = sum(t - before[kind].get(pid, 0) for pid, t in after[kind].items())
         out[kind] = round(ticks / TICKS_PER_SECOND * 1e6 / max(1, items), 1)
+    return out
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    processes: Sample
+    own_seconds: float  # this process: the load generator and the latency reader
+    machine_busy_ticks: int  # every CPU's time not idle, whoever spent it
+    at: float
+
+
+def _machine_busy_ticks() -> int:
+    # /proc/stat's first line: cpu user nice system idle iowait irq softirq steal ...
+    fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    return user + nice + system + irq + softirq + steal
+
+
+def snapshot(worker_pid: int) -> Snapshot:
+    own = os.times()
+    return Snapshot(sample(worker_pid), own.user + own.system, _machine_busy_ticks(),
+                    time.monotonic())
+
+
+def cores(before: Snapshot, after: Snapshot) -> dict[str, float]:
+    """Cores kept busy on average between two snapshots: per process kind, ``load`` (this
+    process) and ``machine`` (all of it, out of ``os.cpu_count()``)."""
+    seconds = max(after.at - before.at, 1e-9)
+    out = {}
+    for kind in KINDS:
+        ticks = sum(t - before.processes[kind].get(pid, 0)
+                    for pid, t in after.processes[kind].items())
+        out[kind] = round(ticks / TICKS_PER_SECOND / seconds, 2)
+    out["load"] = round((after.own_seconds - before.own_seconds) / seconds, 2)
+    busy = after.machine_busy_ticks - before.machine_busy_ticks
+    out["machine"] = round(busy / TICKS_PER_SECOND / seconds, 2)
     return out

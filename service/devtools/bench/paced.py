@@ -13,9 +13,11 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
+
+from service.devtools.bench import cpu
 
 # records(n, tag) → n (key, value) records, fresh transaction ids
 RecordMaker = Callable[[int, str], list[tuple[str, bytes]]]
@@ -29,20 +31,25 @@ class Step:
     missing: int  # sent in this step, no event within the wait after it
     p50_ms: float
     p99_ms: float
+    # Cores busy on average while the step sent (``cpu.cores``): the process under test,
+    # PostgreSQL, the broker, Redis, this process, the machine.
+    cores: dict[str, float] = field(default_factory=dict)
 
     def within(self, p99_bound_ms: float) -> bool:
         return self.missing == 0 and self.p99_ms <= p99_bound_ms
 
-    def as_json(self) -> dict[str, float]:
+    def as_json(self) -> dict[str, object]:
         return {"rate_per_s": round(self.rate_per_s, 1), "p50_ms": round(self.p50_ms, 2),
                 "p99_ms": round(self.p99_ms, 2), "samples": self.samples,
-                "missing": self.missing}
+                "missing": self.missing, "cores": self.cores}
 
 
 class PacedLoad:
     def __init__(self, bootstrap: str, topic: str, output: str, partitions: int,
-                 records: RecordMaker, *, name: str) -> None:
+                 records: RecordMaker, *, name: str, under_test: int) -> None:
+        """``under_test``: the pid of the process the load goes through, for ``Step.cores``."""
         self._topic, self._records, self._name = topic, records, name
+        self._under_test = under_test
         self._sent: dict[str, tuple[float, int]] = {}  # transaction_id → (sent at, step)
         self._latencies: dict[int, list[float]] = {}
         self._lock = threading.Lock()
@@ -90,6 +97,7 @@ class PacedLoad:
         ids = [json.loads(value)["body"]["transaction_id"] for _, value in records]
         with self._lock:
             self._latencies[number] = []
+        before = cpu.snapshot(self._under_test)
         started = time.monotonic()
         for i, (key, value) in enumerate(records):
             # Paced in 5 ms ticks: sleeping between small bursts keeps this process off the
@@ -102,6 +110,7 @@ class PacedLoad:
             self._producer.produce(self._topic, key=key, value=value)
             self._producer.poll(0)
         self._producer.flush(30)
+        cores = cpu.cores(before, cpu.snapshot(self._under_test))
         deadline = time.monotonic() + wait_seconds
         while time.monotonic() < deadline:
             with self._lock:
@@ -115,10 +124,10 @@ class PacedLoad:
             for t in missing:  # never counted later, in another step
                 del self._sent[t]
         if not values:
-            return Step(rate, seconds, 0, len(missing), float("inf"), float("inf"))
+            return Step(rate, seconds, 0, len(missing), float("inf"), float("inf"), cores)
         return Step(rate, seconds, len(values), len(missing),
                     statistics.median(values) * 1000,
-                    values[int(0.99 * (len(values) - 1))] * 1000)
+                    values[int(0.99 * (len(values) - 1))] * 1000, cores)
 
     def close(self) -> None:
         self._stop.set()

@@ -350,8 +350,10 @@ class Bench:
         ready = time.monotonic() + 60
         while not worker.events("partitions_assigned") and time.monotonic() < ready:
             time.sleep(0.1)
+        assert worker.proc is not None
         load = paced.PacedLoad(self.bootstrap, topic, topic + ".out", PARTITIONS,
-                               self.records, name=f"lat-{self.run}")
+                               self.records, name=f"lat-{self.run}",
+                               under_test=worker.proc.pid)
         full = self.results["new_auth_per_s"]
         seconds = self.sizes.latency_seconds
         load.step(0.7 * full, self.sizes.latency_warmup_seconds)
@@ -392,11 +394,22 @@ class Bench:
             sustainable_auth_per_s=round(best.rate_per_s, 1) if best else 0.0,
             sustainable_p99_ms=round(best.p99_ms, 2) if best else None,
             sustainable_steps=[s.as_json() for s in tried])
+        # What held the rate: the cores busy at it and at the lowest rate tried beyond it
+        # (the machine's whole CPU near os.cpu_count(): more cores, not fewer waits).
+        beyond = [s for s in tried if not s.within(SUSTAINABLE_P99_MS)
+                  and (best is None or s.rate_per_s > best.rate_per_s)]
+        self.results["machine_cores"] = os.cpu_count()
+        self.results["cores_at_sustainable"] = best.cores if best else {}
+        self.results["cores_beyond_sustainable"] = (
+            min(beyond, key=lambda s: s.rate_per_s).cores if beyond else {})
         self.results["ratio_sustainable_vs_backlog"] = round(
             self.results["sustainable_auth_per_s"] / full, 3)
         self.quarter = curve["25%"]
         log(f"sustainable: {self.results['sustainable_auth_per_s']:,.0f} auth/s "
-            f"({self.results['ratio_sustainable_vs_backlog']:.2f} of the backlog rate)")
+            f"({self.results['ratio_sustainable_vs_backlog']:.2f} of the backlog rate); "
+            f"cores busy there {self.results['cores_at_sustainable'] or '-'}, at the next "
+            f"rate tried {self.results['cores_beyond_sustainable'] or '-'} "
+            f"(of {os.cpu_count()})")
 
     def phase_floor(self) -> None:
         """The same steady loads through a bare relay (``bench/relay.py``: consume, produce,
@@ -411,7 +424,8 @@ class Bench:
         try:
             assert relay.stdout is not None and "ready" in relay.stdout.readline()
             load = paced.PacedLoad(self.bootstrap, topic, topic + ".out", PARTITIONS,
-                                   self.records, name=f"floor-{self.run}")
+                                   self.records, name=f"floor-{self.run}",
+                                   under_test=relay.pid)
             load.step(0.25 * self.results["new_auth_per_s"], self.sizes.latency_warmup_seconds)
             steps = {"25%": load.step(self.quarter.rate_per_s, self.sizes.latency_seconds)}
             if self.results["sustainable_auth_per_s"]:
