@@ -265,44 +265,36 @@ def _fetch(partitions: int, each: int) -> dict[tuple[str, int], list[Msg]]:
     return {("t", p): [Msg(p, i) for i in range(each)] for p in range(partitions)}
 
 
-async def test_a_steady_loads_messages_are_shared_among_batches_that_run_at_once() -> None:
+async def _batches_started_by(fetch: dict[tuple[str, int], list[Msg]], *,
+                              max_batch: int) -> list[list[Msg]]:
+    """The batches one fetch starts at once (three may run, shares of at least 40), held at
+    the gate; then released, so that every message is processed once."""
     processor = Gated()
-    dispatcher = Dispatcher(processor, max_batch=1000, close_timeout=1, max_in_flight=3,
+    dispatcher = Dispatcher(processor, max_batch=max_batch, close_timeout=1, max_in_flight=3,
                             overlap_from=40)
-    dispatcher.submit(_fetch(12, 10))  # 120 waiting, a few on every partition
+    dispatcher.submit(fetch)
     for _ in range(5):
         await asyncio.sleep(0)
-    running = processor.in_flight
+    started = list(processor.in_flight)
+    processor.gate.set()
+    await processor.until_done(sum(map(len, fetch.values())))
+    await dispatcher.drain()
+    return started
+
+
+async def test_a_steady_loads_messages_are_shared_among_batches_that_run_at_once() -> None:
+    running = await _batches_started_by(_fetch(12, 10), max_batch=1000)  # a few on each
     assert len(running) == 3, [len(b) for b in running]
     assert all(len(b) >= 40 for b in running) and sum(map(len, running)) == 120
     partitions = [{m.p for m in b} for b in running]
     assert sum(map(len, partitions)) == 12, "disjoint: a partition in one batch at a time"
-    processor.gate.set()
-    await processor.until_done(120)
-    await dispatcher.drain()
 
 
 async def test_too_few_to_share_go_as_one_batch_whatever_their_partitions() -> None:
-    processor = Gated()
-    dispatcher = Dispatcher(processor, max_batch=1000, close_timeout=1, max_in_flight=3,
-                            overlap_from=40)
-    dispatcher.submit(_fetch(12, 6))  # 72 waiting: under two shares
-    for _ in range(5):
-        await asyncio.sleep(0)
-    assert [len(b) for b in processor.in_flight] == [72]
-    processor.gate.set()
-    await processor.until_done(72)
-    await dispatcher.drain()
+    running = await _batches_started_by(_fetch(12, 6), max_batch=1000)  # under two shares
+    assert [len(b) for b in running] == [72]
 
 
 async def test_a_backlogs_batches_stay_full() -> None:
-    processor = Gated()
-    dispatcher = Dispatcher(processor, max_batch=100, close_timeout=1, max_in_flight=3,
-                            overlap_from=40)
-    dispatcher.submit(_fetch(3, 500))
-    for _ in range(5):
-        await asyncio.sleep(0)
-    assert [len(b) for b in processor.in_flight] == [100, 100, 100]
-    processor.gate.set()
-    await processor.until_done(1500)
-    await dispatcher.drain()
+    running = await _batches_started_by(_fetch(3, 500), max_batch=100)
+    assert [len(b) for b in running] == [100, 100, 100]
