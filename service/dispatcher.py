@@ -1,13 +1,12 @@
 """Batches across partitions, order within each, on the event loop.
 
-Messages wait in a queue per partition. A batch takes what is waiting from every partition
-that has no batch in flight (up to ``max_batch``), so one database transaction, one Redis
-round trip and one wait for Kafka acknowledgements serve many partitions at once; a partition
-is in at most one batch at a time, so its messages are processed in offset order. Up to
-``max_in_flight`` batches run concurrently (on disjoint partitions) under a backlog, or when
-the batch in flight is slow, overlapping one batch's waits with another's work. The
-processor runs the commit order (``service/pipeline.py``), reporting offsets included;
-here, only scheduling.
+Messages wait in a queue per partition. A batch takes what is waiting on partitions that
+have no batch in flight (up to ``max_batch``, or its share: below), so one database
+transaction, one Redis round trip and one wait for Kafka acknowledgements serve many
+partitions at once; a partition is in at most one batch at a time, so its messages are
+processed in offset order. Up to ``max_in_flight`` batches run concurrently (on disjoint
+partitions), overlapping one batch's waits with another's work. The processor runs the
+commit order (``service/pipeline.py``), reporting offsets included; here, only scheduling.
 
 Under light load a batch is whatever arrived since the last one (low latency); under heavy
 load batches grow by themselves (high throughput). A batch starts while another is in
@@ -15,19 +14,22 @@ flight only once ``overlap_from`` messages wait for it, or once the batch in fli
 for ``overlap_after`` seconds (one retrying, or slow to be acknowledged, never holds the
 other partitions back for long): overlapping batches of a few messages each cost more CPU
 per message (every batch pays its round trips and its Kafka requests) than they save in
-waiting. (One worker on 2 cores, one run each way: at 1,500 auth/s, batches of 11 messages
-became 26, CPU per authorization, worker + PostgreSQL, 684 → 486 µs, p99 101 → 74 ms.)
+waiting. (One worker on 2 cores, one run each way, ``overlap_from`` 1 against a quarter of
+a full batch: at 1,500 auth/s, batches of 11 messages became 26, CPU per authorization,
+worker + PostgreSQL, 684 → 486 µs, p99 101 → 74 ms.)
 
 Under a steady load every partition has a few messages waiting, so one batch would take
 them all and the next could start only when it ended: one batch at a time, PostgreSQL and
 Kafka each busy for a part of it, the machine's other core idle. So from twice
 ``overlap_from`` messages waiting, they are shared by partition among the batches that may
 start (``max_in_flight``), in shares of at least ``overlap_from``, and those run at once.
-(One worker on 2 cores, ``overlap_from`` 40 against no sharing: at 4,500 auth/s p99
+(One worker on 2 cores, fresh tables, ``overlap_from`` 40 against no sharing and a
+quarter of a full batch: at 4,500 auth/s p99
 182 → 84 ms, p50 65 → 39 ms, the machine's busy cores 1.24 → 1.43, CPU per authorization
 +17 % for the worker, +25 % for PostgreSQL; at 1,500 auth/s, batches of about 15, nothing
 shared and nothing changed. A backlog's batches stay full: its shares are larger than
-``max_batch``.)
+``max_batch``. What is left below ``overlap_from`` waits for a batch to end, or for the
+``overlap_after`` recheck.)
 """
 
 from __future__ import annotations

@@ -119,8 +119,9 @@ async def run_worker(settings: Settings, wiring: Wiring | None = None) -> int:
         close_timeout=settings.shutdown_timeout_seconds * 0.8,
         max_in_flight=settings.max_concurrent_batches,
         # A batch alongside another only with this many messages (the smallest share worth
-        # its round trips; on 2 cores 24 cost more CPU than it saved and 64 shared too late).
-        overlap_from=min(SHARED_BATCH_MIN, settings.max_batch_size),
+        # its round trips; on 2 cores 24 cost more CPU than it saved and 64 shared too late),
+        # or a quarter of a full batch when batches are small.
+        overlap_from=min(SHARED_BATCH_MIN, max(1, settings.max_batch_size // 4)),
     )
     consumer = ConsumerThread(settings, Handoff(loop, dispatcher), tracker, health)
     await processor.refresh_replay_marks(settings.group_id, settings.input_topic)

@@ -52,7 +52,6 @@ def test_bench_smoke_writes_every_key_and_verify_holds(live_stack, tmp_path) -> 
     assert all(set(step["cores"]) == kinds for step in results["latency_points"])
     assert all(0 < step["cores"]["machine"] <= results["machine_cores"] + 0.5
                for step in results["latency_points"])
-    assert all(step["cores"]["worker"] > 0 for step in results["latency_points"])
     assert results["kafka_floor_p99_ms"]["25%"] > 0 and results["ratio_p99_vs_floor"]["25%"] > 0
     assert results["db_limit_batch"] == round(results["backlog_batch_messages_mean"])
     assert (tmp_path / "latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

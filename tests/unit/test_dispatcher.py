@@ -67,9 +67,9 @@ class Processor:
 async def test_order_per_partition_no_overlap_and_batches_across_partitions() -> None:
     processor = Processor()
     dispatcher = Dispatcher(processor, max_batch=7, close_timeout=5, max_in_flight=3)
-    for chunk in range(20):
-        for p in range(4):
-            dispatcher.submit({("t", p): [Msg(p, chunk * 3 + i) for i in range(3)]})
+    for chunk in range(20):  # whole fetches of four partitions, shared among three batches
+        dispatcher.submit({("t", p): [Msg(p, chunk * 3 + i) for i in range(3)]
+                           for p in range(4)})
         await asyncio.sleep(0)
     await processor.until_done(240)
     await dispatcher.drain()
@@ -272,9 +272,8 @@ async def _batches_started_by(fetch: dict[tuple[str, int], list[Msg]], *,
     processor = Gated()
     dispatcher = Dispatcher(processor, max_batch=max_batch, close_timeout=1, max_in_flight=3,
                             overlap_from=40)
-    dispatcher.submit(fetch)
-    for _ in range(5):
-        await asyncio.sleep(0)
+    dispatcher.submit(fetch)  # starts its batches' tasks there and then
+    await asyncio.sleep(0)  # one turn of the loop: each has run up to the gate
     started = list(processor.in_flight)
     processor.gate.set()
     await processor.until_done(sum(map(len, fetch.values())))

@@ -162,7 +162,7 @@ class ConsumerThread(threading.Thread):
             topic, partition = msg.topic(), msg.partition()
             assert topic is not None and partition is not None  # set on every consumed message
             by_tp.setdefault((topic, partition), []).append(msg)
-        if by_tp:
+        if by_tp:  # read-only from here on, on both threads
             self._handoff.messages(by_tp)
         for tp, batch in by_tp.items():
             state = self._partitions.setdefault(tp, _PartitionState())

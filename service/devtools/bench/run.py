@@ -407,8 +407,8 @@ class Bench:
         self.quarter = curve["25%"]
         log(f"sustainable: {self.results['sustainable_auth_per_s']:,.0f} auth/s "
             f"({self.results['ratio_sustainable_vs_backlog']:.2f} of the backlog rate); "
-            f"cores busy there {self.results['cores_at_sustainable'] or '-'}, at the next "
-            f"rate tried {self.results['cores_beyond_sustainable'] or '-'} "
+            f"cores busy there {self.results['cores_at_sustainable'] or '-'}, at the lowest "
+            f"rate tried beyond it {self.results['cores_beyond_sustainable'] or '-'} "
             f"(of {os.cpu_count()})")
 
     def phase_floor(self) -> None:
