@@ -194,7 +194,7 @@ class Dispatcher:
         # takes its share, whole partitions, and leaves the rest to the ones that may start.
         target = self._max_batch
         free = self._max_in_flight - len(self._batches)
-        waiting = sum(len(self._pending[tp]) for tp in ready)
+        waiting = self._waiting()
         if free > 1 and waiting >= 2 * self._overlap_from:
             target = min(target, max(self._overlap_from, -(-waiting // free)))
         batch: list[Any] = []

@@ -61,13 +61,16 @@ def sample(worker_pid: int) -> Sample:
     return out
 
 
+def _seconds(before: Sample, after: Sample, kind: str) -> float:
+    """CPU seconds a kind's processes used between two samples."""
+    ticks = sum(t - before[kind].get(pid, 0) for pid, t in after[kind].items())
+    return ticks / TICKS_PER_SECOND
+
+
 def per_item(before: Sample, after: Sample, items: int) -> dict[str, float]:
     """µs of CPU per item, per kind, between two samples."""
-    out = {}
-    for kind in KINDS:
-        ticks = sum(t - before[kind].get(pid, 0) for pid, t in after[kind].items())
-        out[kind] = round(ticks / TICKS_PER_SECOND * 1e6 / max(1, items), 1)
-    return out
+    return {kind: round(_seconds(before, after, kind) * 1e6 / max(1, items), 1)
+            for kind in KINDS}
 
 
 @dataclass(frozen=True)
@@ -95,11 +98,8 @@ def cores(before: Snapshot, after: Snapshot) -> dict[str, float]:
     """Cores kept busy on average between two snapshots: per process kind, ``load`` (this
     process) and ``machine`` (all of it, out of ``os.cpu_count()``)."""
     seconds = max(after.at - before.at, 1e-9)
-    out = {}
-    for kind in KINDS:
-        ticks = sum(t - before.processes[kind].get(pid, 0)
-                    for pid, t in after.processes[kind].items())
-        out[kind] = round(ticks / TICKS_PER_SECOND / seconds, 2)
+    out = {kind: round(_seconds(before.processes, after.processes, kind) / seconds, 2)
+           for kind in KINDS}
     out["load"] = round((after.own_seconds - before.own_seconds) / seconds, 2)
     busy = after.machine_busy_ticks - before.machine_busy_ticks
     out["machine"] = round(busy / TICKS_PER_SECOND / seconds, 2)

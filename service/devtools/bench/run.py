@@ -409,7 +409,7 @@ class Bench:
             f"({self.results['ratio_sustainable_vs_backlog']:.2f} of the backlog rate); "
             f"cores busy there {self.results['cores_at_sustainable'] or '-'}, at the lowest "
             f"rate tried beyond it {self.results['cores_beyond_sustainable'] or '-'} "
-            f"(of {os.cpu_count()})")
+            f"(of {self.results['machine_cores']})")
 
     def phase_floor(self) -> None:
         """The same steady loads through a bare relay (``bench/relay.py``: consume, produce,
