@@ -18,7 +18,8 @@ Phases, each on its own topic/group in one fresh database with 10,000 accounts:
   hot         every authorization on one account
   latency     paced at 70 % of `new` after a warm-up: produce → result event, p50/p99; then
               50 % and 25 % (the curve); then the sustainable rate, the highest whose p99
-              stays within 100 ms over the window (``paced.py``)
+              stays within 100 ms over the window (``paced.py``); each step with the
+              cores busy while it sent (``cpu.cores``)
   floor       the same paced loads through a bare relay (``relay.py``): Kafka's own latency
   naive       the seed's flow, message by message (the baseline to beat)
 and then `payauth verify`. Writes JSON to $BENCH_OUT (default .bench/results.json) and
