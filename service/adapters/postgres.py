@@ -68,7 +68,7 @@ UPDATE durability_barrier SET touched_at = now() WHERE slot = pg_backend_pid() %
 
 # Dedup records are purged after the retention window; the ledger is not. A key found only
 # in the ledger (from_ledger) was approved long ago: it is still a duplicate. One round trip.
-_LOAD_STORED = """
+_LOAD_STORED = f"""
 SELECT p.txn_id, p.fingerprint, p.result, p.decline_reason, p.account_id,
        p.amount::text AS amount_text, p.currency, p.authorization_type, p.correlation_id,
        p.processed_at, p.source_partition, p.message_id,
@@ -77,12 +77,12 @@ SELECT p.txn_id, p.fingerprint, p.result, p.decline_reason, p.account_id,
            AS published,
        false AS from_ledger
   FROM processed_transactions p
- WHERE p.txn_id = ANY($1::text[])
+ WHERE p.txn_id = ANY({split("$1")})
 UNION ALL
 SELECT l.txn_id, NULL, 'APPROVED', NULL, l.account_id, abs(l.amount)::text, l.currency,
        l.type, NULL, l.created_at, NULL, NULL, true, true
   FROM ledger_entries l
- WHERE l.txn_id = ANY($1::text[])
+ WHERE l.txn_id = ANY({split("$1")})
    AND NOT EXISTS (SELECT 1 FROM processed_transactions p WHERE p.txn_id = l.txn_id)
 """
 
@@ -221,7 +221,7 @@ class PostgresStore:
             return {}
         try:
             async with self._pool.acquire() as conn:
-                rows = await conn.fetch(_LOAD_STORED, list(txn_ids))
+                rows = await conn.fetch(_LOAD_STORED, joined(txn_ids))
                 if not all(row["published"] for row in rows):
                     done = await conn.execute(_CONFIRM_DURABLE)
                     if done != "UPDATE 1":  # no row, no WAL written, nothing waited for
@@ -354,7 +354,7 @@ async def _prepare_statements(conn: asyncpg.Connection) -> None:
     meet this connection do not pay for a prepare and a type introspection (tens of ms)."""
     empty: list[Any] = []
     try:
-        await conn.fetch(_LOAD_STORED, empty)
+        await conn.fetch(_LOAD_STORED, "")
         await conn.fetch(AUTHORIZE_STATEMENT, *([""] * 10), datetime.now(UTC), "", uuid.uuid4())
         await conn.execute(_MARK_PUBLISHED, empty, empty, datetime.now(UTC))
     except (asyncpg.UndefinedTableError, asyncpg.UndefinedFunctionError):

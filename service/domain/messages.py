@@ -121,6 +121,7 @@ class RedeliveryKey(NamedTuple):
     transaction_id: str
     fingerprint: str  # of the key fields as sent
     message_id: str | None  # unvalidated: compared (hashed), never shown
+    amount: str  # as sent: when it is the canonical text, the fingerprint is the request's
 
 
 def redelivery_key(raw: bytes | None, *, max_bytes: int = 65_536) -> RedeliveryKey | None:
@@ -166,7 +167,7 @@ def redelivery_key(raw: bytes | None, *, max_bytes: int = 65_536) -> RedeliveryK
     headers = document.get("headers")
     message_id = headers.get("message_id") if type(headers) is dict else None
     return RedeliveryKey(txn_id, fingerprint_of(account, amount, currency, auth_type),
-                         message_id if type(message_id) is str else None)
+                         message_id if type(message_id) is str else None, amount)
 
 
 def _read_plain(raw: bytes) -> Any:
@@ -192,17 +193,24 @@ def _read_plain(raw: bytes) -> Any:
 
 def _holds_a_float(document: Any) -> bool:
     """Whether orjson read a number as a float anywhere in the document (iterative: no
-    nesting depth can exhaust the interpreter's stack)."""
+    nesting depth can exhaust the interpreter's stack). Only containers go on the stack:
+    a message is mostly strings, each looked at once (half the cost of stacking them)."""
+    kind = type(document)
+    if kind is float:
+        return True
+    if kind is not dict and kind is not list:
+        return False
     stack = [document]
     while stack:
         item = stack.pop()
-        kind = type(item)
-        if kind is dict:
-            stack.extend(item.values())
-        elif kind is list:
-            stack.extend(item)
-        elif kind is float:
-            return True
+        for value in item.values() if type(item) is dict else item:
+            kind = type(value)
+            if kind is str:
+                continue
+            if kind is float:
+                return True
+            if kind is dict or kind is list:
+                stack.append(value)
     return False
 
 
@@ -266,8 +274,12 @@ def decode_authorization(raw: bytes | None, *, max_bytes: int = 65_536,
     """The one place that decides whether a message is an authorization request, exactly;
     raises ``InvalidMessage`` with the dead-letter reason otherwise. ``key``: what
     ``redelivery_key`` gave for these same bytes, if it was called (checks it made are not
-    made again)."""
+    made again, nor its fingerprint when the amount was sent in its canonical text)."""
     auth = _validate(_parse(raw, max_bytes=max_bytes, keyed=key is not None))
+    if key is not None and key.amount == auth.amount_text:
+        # The key hashed these very key fields (account, currency and type are validated
+        # as sent, unchanged): the request's fingerprint is the key's, not hashed again.
+        auth.fingerprint = key.fingerprint
     if auth.authorization_type is AuthorizationType.REFUND and auth.amount > max_refund:
         # Credit from nothing: a refund this large waits for a person (redrive after a check).
         raise InvalidMessage(

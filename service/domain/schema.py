@@ -17,7 +17,13 @@ from typing import Annotated, NotRequired
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, StringConstraints, TypeAdapter
 from typing_extensions import TypedDict
 
-from service.domain.money import PLAIN_DECIMAL, UnknownCurrency, decimals_of, minor_unit
+from service.domain.money import (
+    PLAIN_DECIMAL,
+    UnknownCurrency,
+    fits_minor_unit,
+    minor_unit,
+    quantum,
+)
 from service.domain.vocabulary import (
     IDENTIFIER_CHARS,
     IDENTIFIER_MAX_LENGTH,
@@ -94,11 +100,12 @@ def _amount_fits_currency(body: BodyFields) -> BodyFields:
     if amount > MAX_AMOUNT:
         raise ValueError(f"amount must not exceed {MAX_AMOUNT}")
     try:
-        allowed = minor_unit(body["currency"])
+        unit = quantum(body["currency"])
     except UnknownCurrency as exc:
         raise ValueError(str(exc)) from None  # names the code only when it has a code's shape
-    if decimals_of(amount) > allowed:
-        raise ValueError(f"{body['currency']} amounts have at most {allowed} decimals")
+    if not fits_minor_unit(amount, unit):
+        raise ValueError(f"{body['currency']} amounts have at most "
+                         f"{minor_unit(body['currency'])} decimals")
     return body
 
 

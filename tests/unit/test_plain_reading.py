@@ -2,8 +2,8 @@
 ``redelivery_key`` made) never decides otherwise than the strict one: over thousands
 of seeded mutations of good messages (quotes, escapes, numbers with fractions and exponents,
 64-bit overflows, repeated keys, card numbers, nesting, bytes that are not UTF-8),
-``decode_authorization`` gives the same authorization, or refuses with the same reason and
-detail, either fast way and the strict way."""
+``decode_authorization`` gives the same authorization (and fingerprint), or refuses with the
+same reason and detail, either fast way and the strict way."""
 
 from __future__ import annotations
 
@@ -53,7 +53,8 @@ def _outcome(raw: bytes, key: messages.RedeliveryKey | None = None) -> tuple[str
         auth = messages.decode_authorization(raw, key=key)
     except InvalidMessage as exc:
         return "refused", (exc.reason, exc.detail)
-    return "decided", repr(auth)
+    # the fingerprint too: a keyed decoding takes the key's when the amount was canonical
+    return "decided", (repr(auth), auth.fingerprint)
 
 
 def test_the_fast_reading_never_decides_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -82,6 +83,28 @@ def test_the_fast_reading_never_decides_otherwise(monkeypatch: pytest.MonkeyPatc
 ])
 def test_what_orjson_would_read_otherwise_is_left_to_the_strict_reading(raw: bytes) -> None:
     assert messages._read_plain(raw) is None
+
+
+@pytest.mark.parametrize(("document", "holds"), [
+    (1.5, True), ({"a": "x", "b": [1, {"c": [None, True, 2.5]}]}, True),
+    ([[[[{"d": 1e300}]]]], True), ({"a": "x", "b": [1, {"c": [None, True, 2]}]}, False),
+    ("text", False), (7, False), (None, False), ({}, False), ([], False),
+])
+def test_a_float_is_found_at_any_depth(document: Any, holds: bool) -> None:
+    assert messages._holds_a_float(document) is holds
+
+
+@pytest.mark.parametrize(("amount", "canonical"), [("10.50", True), ("10.5", False),
+                                                   ("7", False), ("0.01", True)])
+def test_a_keyed_decoding_has_the_fingerprint_of_what_it_validated(amount: str,
+                                                                   canonical: bool) -> None:
+    raw = encode(auth_message("T", amount=amount))
+    key = messages.redelivery_key(raw)
+    assert key is not None
+    auth = messages.decode_authorization(raw, key=key)
+    assert auth.fingerprint == messages.fingerprint_of(
+        auth.account_id, auth.amount_text, auth.currency, auth.authorization_type)
+    assert (auth.fingerprint == key.fingerprint) is canonical  # sent "10.5": hashed again
 
 
 def test_a_plain_document_is_read_fast() -> None:
