@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import pytest
+
 from service.domain.dedup import StoredResult
+from service.domain.errors import DeadLetterReason
 from service.domain.messages import decode_authorization
 from service.domain.vocabulary import Outcome, Result
 from service.plan import (
@@ -16,6 +19,7 @@ from service.plan import (
     Limits,
     decided,
     decode_all,
+    in_message_order,
     read_keys,
     split_fast_path,
     split_stored,
@@ -100,3 +104,15 @@ def test_duplicate_causes_from_what_the_batch_already_has() -> None:
     assert sorted((c.value, p, ids) for c, _layer, p, ids in rows) == [
         ("cross_partition", 3, ["T"]), ("producer_retry", 0, ["T"]), ("redelivery", 0, ["T"]),
         ("redrive", 0, ["T"]), ("replay", 0, ["T"])]
+
+
+def test_outcomes_come_back_in_the_batch_order_one_per_message() -> None:
+    batch = [Msg(encode(auth_message(f"T{i}")), i) for i in range(4)]
+    outcomes = [Invalid(m, DeadLetterReason.INVALID_JSON, "x") for m in batch]
+    assert in_message_order(outcomes, batch) == outcomes  # in order already
+    shuffled = [outcomes[2], outcomes[0], outcomes[3], outcomes[1]]
+    assert in_message_order(shuffled, batch) == outcomes
+    with pytest.raises(AssertionError):  # a message without an outcome
+        in_message_order(outcomes[:3], batch)
+    with pytest.raises(AssertionError):  # as many outcomes as messages, one of them twice
+        in_message_order([outcomes[0], outcomes[1], outcomes[1], outcomes[3]], batch)
