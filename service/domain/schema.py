@@ -48,13 +48,13 @@ _PLAIN_DECIMAL_HINT = 'amount string must be a plain decimal like "125.50"'
 
 
 def _exact_amount(value: object) -> Decimal:
+    if isinstance(value, str):  # first: nearly every message sends its amount as text
+        if len(value) > 40 or not PLAIN_DECIMAL.fullmatch(value):
+            raise ValueError(_PLAIN_DECIMAL_HINT)
+        return Decimal(value)
     if isinstance(value, (bool, float)):
         raise ValueError("amount must be an exact decimal (JSON number or string), not a float")
     if isinstance(value, int):
-        return Decimal(value)
-    if isinstance(value, str):
-        if len(value) > 40 or not PLAIN_DECIMAL.fullmatch(value):
-            raise ValueError(_PLAIN_DECIMAL_HINT)
         return Decimal(value)
     if isinstance(value, Decimal):
         return value
