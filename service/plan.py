@@ -275,7 +275,8 @@ def in_message_order(outcomes: list[MessageOutcome],
     """The outcomes in the batch's order (so events and dead letters are published in it);
     exactly one per message, or the batch fails (never an offset for a message that got no
     outcome)."""
-    if len(outcomes) == len(msgs) and all(o.msg is m for o, m in zip(outcomes, msgs)):
+    if len(outcomes) == len(msgs) and all(o.msg is m for o, m in zip(outcomes, msgs,
+                                                                   strict=True)):
         return outcomes  # already so (a batch of new requests): no sort
     position = {id(msg): i for i, msg in enumerate(msgs)}
     ordered = sorted(outcomes, key=lambda o: position[id(o.msg)])
