@@ -1,4 +1,5 @@
-"""A batch's columns sent to PostgreSQL as one text each, split back into arrays by the server.
+"""A batch's columns sent to PostgreSQL as one text each, split back into arrays by the server
+(the authorize call's ten columns, the dedup lookup's keys).
 
 ``joined(values)`` in Python and ``split("$n")`` in the statement (``string_to_array``). asyncpg
 encodes an array parameter element by element: the authorize call's ten arrays cost the

@@ -15,7 +15,7 @@ One batch of new authorizations is one statement, one round trip, committed on i
 
 Once its events are acknowledged, the batch gets a receipt in ``published_batches`` (many
 batches per statement). Before it, one more round trip reads the dedup records of the
-batch's keys (``load_stored``), outside any transaction.
+batch's keys (``load_stored``; the keys as one joined text too), outside any transaction.
 
 The claim is the unique index on ``processed_transactions.txn_id``, not a row lock: an
 INSERT of a key that another open transaction inserted waits for it, then conflicts (a
@@ -350,7 +350,7 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
 
 async def _prepare_statements(conn: asyncpg.Connection) -> None:
     """Run each statement of the hot path once, with nothing to do, on every new connection:
-    asyncpg then holds it prepared and knows its array types, so the first batches that
+    asyncpg then holds it prepared and knows its parameter types, so the first batches that
     meet this connection do not pay for a prepare and a type introspection (tens of ms)."""
     empty: list[Any] = []
     try:

@@ -42,7 +42,8 @@ def decimals_of(amount: Decimal) -> int:
 
     Read from the digits and the exponent, not through ``normalize()``, which rounds to the
     context's 28 digits (and sends a tiny exponent to zero): an amount must never pass this
-    check because arithmetic rounded it first.
+    check because arithmetic rounded it first. (Balances are checked so; a message's amount,
+    once per message, through ``fits_minor_unit``, which says the same for less.)
     """
     _sign, digits, exponent = amount.as_tuple()
     assert isinstance(exponent, int)  # finite amounts only; callers check first
@@ -58,7 +59,9 @@ def fits_minor_unit(amount: Decimal, unit: Decimal) -> bool:
     says, at a fifth of the cost (once per message). Exactly: rounding to the unit leaves
     the amount equal only when it had nothing beyond it, and the comparison is exact. For a
     finite amount of at most ``MAX_AMOUNT`` (callers check first): rounded, it stays well
-    within the context's 28 digits (15 integral digits, at most 4 decimals)."""
+    within the default context's 28 digits (15 integral digits, at most 4 decimals), so
+    ``quantize`` cannot raise; only the result's size is bounded, not the amount's exponent
+    (1E-999999999999999999 rounds to 0.00, not equal: refused)."""
     return amount.quantize(unit) == amount
 
 

@@ -104,8 +104,9 @@ def test_the_minor_unit_check_says_what_counting_decimals_says() -> None:
     zeros, tiny and large exponents, for currencies of 0 to 4 decimals."""
     rng = random.Random(7)
     amounts = [Decimal("1.0000000000000000000000000000000000001"), Decimal("1E-999999999"),
-               Decimal("5E+2"), Decimal("125.500"), MAX_AMOUNT, Decimal("0.0001")]
-    for _ in range(20_000):
+               Decimal("1E-999999999999999999"), Decimal("5E+2"), Decimal("125.500"),
+               MAX_AMOUNT, Decimal("0.0001")]
+    while len(amounts) < 20_000:
         digits = str(rng.randrange(1, 10 ** rng.randint(1, 30))) + "0" * rng.randint(0, 4)
         amount = Decimal(f"{digits}E{rng.randint(-40, 14)}")
         if amount <= MAX_AMOUNT:
@@ -305,7 +306,9 @@ def test_redelivery_key_never_accepts_what_the_strict_path_reads_otherwise(raw: 
     assert key is None or key[:3] == (strict.transaction_id, strict.fingerprint,
                                       strict.message_id)
     if key is not None:  # decoding as the worker does, after the key: the same
-        assert repr(decode_authorization(raw, key=key)) == repr(strict)
+        keyed = decode_authorization(raw, key=key)
+        assert repr(keyed) == repr(strict) and keyed.fingerprint == strict.fingerprint
+        assert key.amount == json.loads(raw)["body"]["amount"]  # as sent
 
 
 def test_redelivery_key_refuses_repeated_keys_escapes_and_card_data() -> None:
