@@ -5,6 +5,7 @@ skipped with a warning unless fatal; a partition with too much in flight is paus
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ from confluent_kafka import KafkaException
 
 from service.adapters.kafka.consumer import ConsumerThread, OffsetTracker
 from service.config import load_settings
+from tests.unit.test_dispatcher import Msg
 
 pytestmark = pytest.mark.usefixtures("clean_payauth_env")
 
@@ -27,21 +29,12 @@ class _Error:
         return "broker went away"
 
 
-class _Msg:
-    def __init__(self, partition: int, offset: int, error: _Error | None = None) -> None:
-        self._partition, self._offset, self._error = partition, offset, error
+@dataclass(frozen=True)
+class _Msg(Msg):  # the dispatcher tests' message (topic "t"), as a fetch returns it
+    failure: _Error | None = None
 
     def error(self) -> _Error | None:
-        return self._error
-
-    def topic(self) -> str:
-        return "in"
-
-    def partition(self) -> int:
-        return self._partition
-
-    def offset(self) -> int:
-        return self._offset
+        return self.failure
 
 
 class _Consumer:
@@ -83,13 +76,13 @@ def test_one_call_per_fetch_grouped_by_partition_in_offset_order(
     assert len(handoff.calls) == 1
     arrived = handoff.calls[0]
     assert {tp: [m.offset() for m in msgs] for tp, msgs in arrived.items()} == {
-        ("in", 0): [10, 11], ("in", 1): [7, 8], ("in", 2): [3]}
+        ("t", 0): [10, 11], ("t", 1): [7, 8], ("t", 2): [3]}
 
 
 def test_an_error_is_skipped_unless_fatal(monkeypatch: pytest.MonkeyPatch) -> None:
     thread, handoff, _ = _thread(monkeypatch)
     thread._hand_off([_Msg(0, 1), _Msg(0, -1, _Error(fatal=False)), _Msg(0, 2)])  # type: ignore[list-item]
-    assert [m.offset() for m in handoff.calls[0][("in", 0)]] == [1, 2]
+    assert [m.offset() for m in handoff.calls[0][("t", 0)]] == [1, 2]
     thread._hand_off([_Msg(0, -1, _Error(fatal=False))])  # type: ignore[list-item]
     assert len(handoff.calls) == 1  # nothing but an error: no call at all
     with pytest.raises(KafkaException):
@@ -102,6 +95,6 @@ def test_a_partition_with_too_much_in_flight_is_paused_once(
     thread._hand_off([_Msg(0, 1), _Msg(0, 2), _Msg(1, 1)])  # type: ignore[list-item]
     assert consumer.paused == []
     thread._hand_off([_Msg(0, 3), _Msg(1, 2)])  # type: ignore[list-item]
-    assert consumer.paused == [("in", 0)]  # 3 in flight on partition 0, 2 on partition 1
+    assert consumer.paused == [("t", 0)]  # 3 in flight on partition 0, 2 on partition 1
     thread._hand_off([_Msg(0, 4)])  # type: ignore[list-item]
-    assert consumer.paused == [("in", 0)]  # already paused: not paused again
+    assert consumer.paused == [("t", 0)]  # already paused: not paused again
