@@ -127,10 +127,9 @@ class RedeliveryKey(NamedTuple):
 
 def redelivery_key(raw: bytes | None, *, max_bytes: int = 65_536) -> RedeliveryKey | None:
     """(transaction_id, fingerprint of the key fields as sent, message_id, amount as sent),
-    read cheaply, for
-    a message that the strict parser (``_parse``) would accept and read the same way; None
-    whenever in doubt (the message then takes the full path). Never raises: whatever the
-    bytes, the worst answer is None.
+    read cheaply, for a message that the strict parser (``_parse``) would accept and read the
+    same way; None whenever in doubt (the message then takes the full path). Never raises:
+    whatever the bytes, the worst answer is None.
 
     This is what lets a replay skip the strict parser and the schema check: a fingerprint
     read here can only equal one stored for a decided transaction when the key fields are
