@@ -19,7 +19,13 @@ from pathlib import Path
 
 import asyncpg
 
-from service.domain.money import PLAIN_DECIMAL, UnknownCurrency, decimals_of, minor_unit
+from service.domain.money import (
+    PLAIN_DECIMAL,
+    UnknownCurrency,
+    fits_minor_unit,
+    minor_unit,
+    quantum,
+)
 from service.domain.vocabulary import IDENTIFIER_PATTERN, MAX_AMOUNT, AccountStatus
 
 COLUMNS = ("account_id", "balance", "currency", "status")
@@ -108,7 +114,7 @@ def _row(number: int, cells: list[str]) -> AccountRow:
         raise ValueError("balance is not a number") from None
     if balance > MAX_AMOUNT:
         raise ValueError(f"balance must not exceed {MAX_AMOUNT}")
-    if decimals_of(balance) > allowed:
+    if not fits_minor_unit(balance, quantum(currency)):
         raise ValueError(f"{currency} balances have at most {allowed} decimals")
     if status not in {s.value for s in AccountStatus}:
         raise ValueError(f"status must be one of {', '.join(s.value for s in AccountStatus)}")

@@ -36,28 +36,14 @@ def minor_unit(currency: str) -> int:
     return int(exponent)
 
 
-def decimals_of(amount: Decimal) -> int:
-    """Significant decimals, exactly: 125.50 has 1, 125.5 has 1, 125 has 0, 1.234 has 3,
-    1.0000000000000000000000000000000000001 has 37, 1E-999999999999999999 has that many.
-
-    Read from the digits and the exponent, not through ``normalize()``, which rounds to the
-    context's 28 digits (and sends a tiny exponent to zero): an amount must never pass this
-    check because arithmetic rounded it first. (Balances are checked so; a message's amount,
-    once per message, through ``fits_minor_unit``, which says the same for less.)
-    """
-    _sign, digits, exponent = amount.as_tuple()
-    assert isinstance(exponent, int)  # finite amounts only; callers check first
-    trailing_zeros = len(digits) - len(bytes(digits).rstrip(b"\x00"))
-    if trailing_zeros == len(digits):
-        return 0  # zero
-    return max(0, -(exponent + trailing_zeros))
-
-
 def fits_minor_unit(amount: Decimal, unit: Decimal) -> bool:
     """Whether ``amount`` has no more significant decimals than its currency's ``unit``
-    (``quantum(currency)``) allows: what ``decimals_of(amount) <= minor_unit(currency)``
-    says, at a fifth of the cost (once per message). Exactly: rounding to the unit leaves
-    the amount equal only when it had nothing beyond it, and the comparison is exact. For a
+    (``quantum(currency)``) allows (125.500 EUR does, 1.0000000000000000000000000000000000001
+    EUR does not), for a message's amount and an account's balance alike. Exactly: rounding
+    to the unit leaves the amount equal only when it had nothing beyond it, and the
+    comparison is exact (never through ``normalize()``, which rounds to the context's 28
+    digits: nothing may pass because arithmetic rounded it first). Counting the digits says
+    the same at five times the cost (a test holds the two together). For a
     finite amount of at most ``MAX_AMOUNT`` (callers check first): rounded, it stays well
     within the default context's 28 digits (15 integral digits, at most 4 decimals), so
     ``quantize`` cannot raise; only the result's size is bounded, not the amount's exponent

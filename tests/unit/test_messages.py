@@ -10,7 +10,7 @@ import pytest
 
 from service.domain.errors import DeadLetterReason, InvalidMessage
 from service.domain.messages import AuthorizationType, decode_authorization
-from service.domain.money import decimals_of, fits_minor_unit, minor_unit, quantum
+from service.domain.money import fits_minor_unit, minor_unit, quantum
 from service.domain.vocabulary import MAX_AMOUNT
 from tests.support.factory import auth_message, encode
 
@@ -96,6 +96,17 @@ def test_decimals_follow_the_currency_minor_unit() -> None:
     assert decode_authorization(with_body(amount="1.234", currency="KWD")).amount_text == "1.234"
     # Trailing zeros are not extra precision: 125.500 EUR is 125.50 EUR.
     assert decode_authorization(with_body(amount="125.500")).amount_text == "125.50"
+
+
+def decimals_of(amount: Decimal) -> int:
+    """Significant decimals, counted from the digits and the exponent (no arithmetic that
+    could round): 125.50 has 1, 125 has 0, 1E-999999999999999999 has that many."""
+    _sign, digits, exponent = amount.as_tuple()
+    assert isinstance(exponent, int)
+    trailing_zeros = len(digits) - len(bytes(digits).rstrip(b"\x00"))
+    if trailing_zeros == len(digits):
+        return 0  # zero
+    return max(0, -(exponent + trailing_zeros))
 
 
 def test_the_minor_unit_check_says_what_counting_decimals_says() -> None:
