@@ -275,14 +275,18 @@ def in_message_order(outcomes: list[MessageOutcome],
     """The outcomes in the batch's order (so events and dead letters are published in it);
     exactly one per message, or the batch fails (never an offset for a message that got no
     outcome)."""
-    if len(outcomes) == len(msgs) and all(o.msg is m for o, m in zip(outcomes, msgs,
-                                                                   strict=True)):
+    if _one_each_in_order(outcomes, msgs):
         return outcomes  # already so (a batch of new requests): no sort
     position = {id(msg): i for i, msg in enumerate(msgs)}
     ordered = sorted(outcomes, key=lambda o: position[id(o.msg)])
-    if [id(o.msg) for o in ordered] != [id(m) for m in msgs]:
+    if not _one_each_in_order(ordered, msgs):
         raise AssertionError(f"{len(outcomes)} outcome(s) for {len(msgs)} message(s)")
     return ordered
+
+
+def _one_each_in_order(outcomes: Sequence[MessageOutcome], msgs: Sequence[Message]) -> bool:
+    return len(outcomes) == len(msgs) and all(
+        o.msg is m for o, m in zip(outcomes, msgs, strict=True))
 
 
 @dataclass
