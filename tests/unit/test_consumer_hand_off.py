@@ -38,7 +38,7 @@ class _Msg(Msg):  # the dispatcher tests' message (topic "t"), as a fetch return
 
 
 class _Consumer:
-    def __init__(self, _conf: dict[str, Any]) -> None:
+    def __init__(self) -> None:
         self.paused: list[tuple[str, int]] = []
 
     def pause(self, tps: list[Any]) -> None:
@@ -56,16 +56,10 @@ class _Handoff:
 def _thread(monkeypatch: pytest.MonkeyPatch, in_flight: int = 5_000
             ) -> tuple[ConsumerThread, _Handoff, _Consumer]:
     monkeypatch.setenv("PAYAUTH_MAX_IN_FLIGHT_PER_PARTITION", str(in_flight))
-    handoff = _Handoff()
-    consumers: list[_Consumer] = []
-
-    def factory(conf: dict[str, Any]) -> Any:
-        consumers.append(_Consumer(conf))
-        return consumers[0]
-
+    handoff, consumer = _Handoff(), _Consumer()
     thread = ConsumerThread(load_settings(), handoff, OffsetTracker(), health=None,  # type: ignore[arg-type]
-                            consumer_factory=factory)
-    return thread, handoff, consumers[0]
+                            consumer_factory=lambda _conf: consumer)  # type: ignore[arg-type,return-value]
+    return thread, handoff, consumer
 
 
 def test_one_call_per_fetch_grouped_by_partition_in_offset_order(
