@@ -43,10 +43,10 @@ def fits_minor_unit(amount: Decimal, unit: Decimal) -> bool:
     to the unit leaves the amount equal only when it had nothing beyond it, and the
     comparison is exact (never through ``normalize()``, which rounds to the context's 28
     digits: nothing may pass because arithmetic rounded it first). Counting the digits says
-    the same at five times the cost (a test holds the two together). For a
-    finite amount of at most ``MAX_AMOUNT`` (callers check first): rounded, it stays well
-    within the default context's 28 digits (15 integral digits, at most 4 decimals), so
-    ``quantize`` cannot raise; only the result's size is bounded, not the amount's exponent
+    the same at five times the cost (a test holds the two together). For a finite amount of
+    at most ``MAX_AMOUNT`` (callers check first): rounded, it stays well within the default
+    context's 28 digits (15 integral digits, at most 4 decimals), so ``quantize`` cannot
+    raise; only the result's size is bounded, not the amount's exponent
     (1E-999999999999999999 rounds to 0.00, not equal: refused)."""
     return amount.quantize(unit) == amount
 
