@@ -20,7 +20,6 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from functools import cached_property
 from typing import Any, NamedTuple
 
 import orjson
@@ -35,11 +34,11 @@ from service.domain.vocabulary import DEFAULT_MAX_REFUND, AuthorizationType
 # Stable namespace for event ids: the same transaction_id always yields the same event_id.
 EVENT_NAMESPACE = uuid.UUID("6b1f5c1e-8f4e-4e1c-9a55-3f0d2f0c9a01")
 
-@dataclass  # not frozen (built per message; frozen init costs 3x); no slots (cached_property)
+@dataclass(slots=True)  # not frozen: built per message, and frozen init costs 3x
 class Authorization:
     """A validated authorization request. ``amount`` is exact and within its currency's unit;
-    amount text and fingerprint are derived once, when first read (a batch reads them often),
-    the fingerprint taken from the redelivery key when the amount was sent canonical."""
+    ``amount_text`` and ``fingerprint`` are derived from it once, as it is validated
+    (``_validate``)."""
 
     transaction_id: str
     account_id: str
@@ -52,21 +51,8 @@ class Authorization:
     message_id: str
     correlation_id: str | None
     sent_at: datetime | None
-
-    @cached_property
-    def amount_text(self) -> str:
-        return format_amount(self.amount, self.currency)
-
-    @cached_property
-    def fingerprint(self) -> str:
-        """What makes two requests with one transaction_id the same request.
-
-        Same key with another amount, currency, account or type is a conflict, not a
-        duplicate; message_id, timestamps and merchant text may differ between retries.
-        """
-        return fingerprint_of(
-            self.account_id, self.amount_text, self.currency, self.authorization_type
-        )
+    amount_text: str  # the amount in its currency's minor unit ("125.50"): stored, published
+    fingerprint: str  # ``fingerprint_of`` its key fields: what makes a retry the same request
 
     @property
     def event_id(self) -> str:
@@ -74,6 +60,11 @@ class Authorization:
 
 
 def fingerprint_of(account_id: str, amount_text: str, currency: str, auth_type: str) -> str:
+    """What makes two requests with one transaction_id the same request.
+
+    Same key with another amount, currency, account or type is a conflict, not a duplicate;
+    message_id, timestamps and merchant text may differ between retries.
+    """
     canonical = "\x1f".join((account_id, amount_text, currency, auth_type))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -277,11 +268,7 @@ def decode_authorization(raw: bytes | None, *, max_bytes: int = 65_536,
     raises ``InvalidMessage`` with the dead-letter reason otherwise. ``key``: what
     ``redelivery_key`` gave for these same bytes, if it was called (checks it made are not
     made again, nor its fingerprint when the amount was sent in its canonical text)."""
-    auth = _validate(_parse(raw, max_bytes=max_bytes, keyed=key is not None))
-    if key is not None and key.amount == auth.amount_text:
-        # The key hashed these very key fields (account, currency and type are validated
-        # as sent, unchanged): the request's fingerprint is the key's, not hashed again.
-        auth.fingerprint = key.fingerprint
+    auth = _validate(_parse(raw, max_bytes=max_bytes, keyed=key is not None), key)
     if auth.authorization_type is AuthorizationType.REFUND and auth.amount > max_refund:
         # Credit from nothing: a refund this large waits for a person (redrive after a check).
         raise InvalidMessage(
@@ -291,24 +278,34 @@ def decode_authorization(raw: bytes | None, *, max_bytes: int = 65_536,
     return auth
 
 
-def _validate(document: dict[str, Any]) -> Authorization:
+def _validate(document: dict[str, Any], key: RedeliveryKey | None) -> Authorization:
     """The schema (``schema.ENVELOPE``) and the amount rules; raises ``InvalidMessage``
-    (SCHEMA_VIOLATION)."""
+    (SCHEMA_VIOLATION). ``key``: the redelivery key of the same bytes, if any."""
     try:
         envelope = ENVELOPE.validate_python(document)
     except ValidationError as exc:
         raise InvalidMessage(DeadLetterReason.SCHEMA_VIOLATION, _describe(exc)) from None
     body, headers = envelope["body"], envelope["headers"]
+    account, currency, auth_type = body["account_id"], body["currency"], body["authorization_type"]
+    amount_text = format_amount(body["amount"], currency)
+    if key is not None and key.amount == amount_text:
+        # The key hashed these very key fields (account, currency and type are validated
+        # as sent, unchanged): the request's fingerprint is the key's, not hashed again.
+        fingerprint = key.fingerprint
+    else:
+        fingerprint = fingerprint_of(account, amount_text, currency, auth_type)
     return Authorization(
         transaction_id=body["transaction_id"],
-        account_id=body["account_id"],
+        account_id=account,
         amount=body["amount"],
-        currency=body["currency"],
-        authorization_type=body["authorization_type"],
+        currency=currency,
+        authorization_type=auth_type,
         card_number_hash=body["card_number_hash"],
         merchant=body["merchant"],
         merchant_category=body["merchant_category"],
         message_id=headers["message_id"],
         correlation_id=headers.get("correlation_id"),
         sent_at=headers.get("timestamp"),
+        amount_text=amount_text,
+        fingerprint=fingerprint,
     )
