@@ -37,8 +37,8 @@ EVENT_NAMESPACE = uuid.UUID("6b1f5c1e-8f4e-4e1c-9a55-3f0d2f0c9a01")
 @dataclass(slots=True)  # not frozen: built per message, and frozen init costs 3x
 class Authorization:
     """A validated authorization request. ``amount`` is exact and within its currency's unit;
-    ``amount_text`` and ``fingerprint`` are derived from it once, as it is validated
-    (``_validate``)."""
+    ``amount_text`` and ``fingerprint`` are derived once, as it is validated (``_validate``;
+    the fingerprint is the redelivery key's when the amount was sent in its canonical text)."""
 
     transaction_id: str
     account_id: str
