@@ -8,6 +8,9 @@ takes its CPU time with it (short-lived connections: a small undercount).
 ``snapshot(worker_pid)`` before and after a step of steady load; ``cores(before, after)``
 gives the cores each kind kept busy on average, the load generator's (this process) and the
 whole machine's: whether a rate was limited by the machine's CPU, not by a wait.
+``waiting(before, after)`` gives, per kind, how long its threads were ready to run but
+waited for a core, per unit of time they ran (the kernel's per-thread schedstat): what
+sharing the cores cost each step of a batch's cycle, 0 on a machine with cores to spare.
 """
 
 from __future__ import annotations
@@ -73,12 +76,17 @@ def per_item(before: Sample, after: Sample, items: int) -> dict[str, float]:
             for kind in KINDS}
 
 
+# kind → pid → (ns its threads ran, ns they were runnable but waited for a core)
+Scheduled = dict[str, dict[int, tuple[int, int]]]
+
+
 @dataclass(frozen=True)
 class Snapshot:
     processes: Sample
     own_seconds: float  # this process: the load generator and the latency reader
     machine_busy_ticks: int  # every CPU's time not idle, whoever spent it
     at: float
+    scheduled: Scheduled  # every process, as KINDS, "load" (this process) and "other"
 
 
 def _machine_busy_ticks() -> int:
@@ -88,10 +96,42 @@ def _machine_busy_ticks() -> int:
     return user + nice + system + irq + softirq + steal
 
 
+def _scheduled(pid: int) -> tuple[int, int] | None:
+    """A process's threads' ns on a CPU and ns runnable but waiting for one (/proc's
+    schedstat: run, wait, timeslices); None where the kernel keeps no such figures."""
+    run = wait = 0
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return None
+    for task in tasks:
+        try:
+            fields = (task / "schedstat").read_text().split()
+        except OSError:
+            continue  # the thread ended, or no schedstat in this kernel
+        run += int(fields[0])
+        wait += int(fields[1])
+    return (run, wait) if run or wait else None
+
+
+def _scheduled_all(worker_pid: int) -> Scheduled:
+    out: Scheduled = {}
+    own = os.getpid()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        kind = "load" if pid == own else _kind(pid, worker_pid) or "other"
+        figures = _scheduled(pid)
+        if figures is not None:
+            out.setdefault(kind, {})[pid] = figures
+    return out
+
+
 def snapshot(worker_pid: int) -> Snapshot:
     own = os.times()
     return Snapshot(sample(worker_pid), own.user + own.system, _machine_busy_ticks(),
-                    time.monotonic())
+                    time.monotonic(), _scheduled_all(worker_pid))
 
 
 def cores(before: Snapshot, after: Snapshot) -> dict[str, float]:
@@ -104,3 +144,27 @@ def cores(before: Snapshot, after: Snapshot) -> dict[str, float]:
     busy = after.machine_busy_ticks - before.machine_busy_ticks
     out["machine"] = round(busy / TICKS_PER_SECOND / seconds, 2)
     return out
+
+
+def wait_per_run(before: Scheduled, after: Scheduled) -> dict[str, float]:
+    """Per kind (and ``machine``, every process): ns its threads waited for a core per ns
+    they ran between two readings. A process that started in between counts from zero; one
+    that ended takes its figures with it. Empty where the kernel keeps no schedstat."""
+    totals: dict[str, list[int]] = {}
+    for kind, pids in after.items():
+        ran = waited = 0
+        for pid, (run, wait) in pids.items():
+            run0, wait0 = before.get(kind, {}).get(pid, (0, 0))
+            ran += run - run0
+            waited += wait - wait0
+        totals[kind] = [ran, waited]
+    if not totals:
+        return {}
+    totals["machine"] = [sum(t[0] for t in totals.values()), sum(t[1] for t in totals.values())]
+    return {kind: round(waited / ran, 2) for kind, (ran, waited) in totals.items()
+            if kind != "other" and ran > 0}
+
+
+def waiting(before: Snapshot, after: Snapshot) -> dict[str, float]:
+    """``wait_per_run`` between two snapshots."""
+    return wait_per_run(before.scheduled, after.scheduled)

@@ -34,6 +34,8 @@ class Step:
     # Cores busy on average while the step sent (``cpu.cores``): the process under test,
     # PostgreSQL, the broker, Redis, this process, the machine.
     cores: dict[str, float] = field(default_factory=dict)
+    # The time each kind's threads waited for a core per unit they ran (``cpu.waiting``).
+    waiting: dict[str, float] = field(default_factory=dict)
 
     def within(self, p99_bound_ms: float) -> bool:
         return self.missing == 0 and self.p99_ms <= p99_bound_ms
@@ -41,7 +43,8 @@ class Step:
     def as_json(self) -> dict[str, object]:
         return {"rate_per_s": round(self.rate_per_s, 1), "p50_ms": round(self.p50_ms, 2),
                 "p99_ms": round(self.p99_ms, 2), "samples": self.samples,
-                "missing": self.missing, "cores": self.cores}
+                "missing": self.missing, "cores": self.cores,
+                "waiting": self.waiting}
 
 
 class PacedLoad:
@@ -110,7 +113,8 @@ class PacedLoad:
             self._producer.produce(self._topic, key=key, value=value)
             self._producer.poll(0)
         self._producer.flush(30)
-        cores = cpu.cores(before, cpu.snapshot(self._under_test))
+        after = cpu.snapshot(self._under_test)
+        cores, waiting = cpu.cores(before, after), cpu.waiting(before, after)
         deadline = time.monotonic() + wait_seconds
         while time.monotonic() < deadline:
             with self._lock:
@@ -124,10 +128,11 @@ class PacedLoad:
             for t in missing:  # never counted later, in another step
                 del self._sent[t]
         if not values:
-            return Step(rate, seconds, 0, len(missing), float("inf"), float("inf"), cores)
+            return Step(rate, seconds, 0, len(missing), float("inf"), float("inf"), cores,
+                        waiting)
         return Step(rate, seconds, len(values), len(missing),
                     statistics.median(values) * 1000,
-                    values[int(0.99 * (len(values) - 1))] * 1000, cores)
+                    values[int(0.99 * (len(values) - 1))] * 1000, cores, waiting)
 
     def close(self) -> None:
         self._stop.set()

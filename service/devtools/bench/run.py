@@ -17,10 +17,12 @@ Phases, each on its own topic/group in one fresh database with 10,000 accounts:
               over the backlog, as many clients as it keeps batches in flight (``pgbench.py``)
   hot         every authorization on one account
   latency     paced at 70 % of `new` after a warm-up: produce → result event, p50/p99; then
-              50 % and 25 % (the curve); then the sustainable rate, the highest whose p99
-              stays within 100 ms over the window (``paced.py``); each step with the
-              cores busy while it sent (``cpu.cores``)
+              50 %, 25 % and 5 % (the curve); then the sustainable rate, the highest whose
+              p99 stays within 100 ms over the window (``paced.py``); each step with the
+              cores busy while it sent (``cpu.cores``) and how long each kind of process
+              waited for a core (``cpu.waiting``)
   floor       the same paced loads through a bare relay (``relay.py``): Kafka's own latency
+              at 5 % and 25 % and at the sustainable rate
   naive       the seed's flow, message by message (the baseline to beat)
 and then `payauth verify`. Writes JSON to $BENCH_OUT (default .bench/results.json) and
 ``latency.png`` beside it (``plot.py``).
@@ -106,8 +108,9 @@ class Bench:
         self.rng = random.Random(42)
         self.results: dict[str, Any] = {}
         self.topics: list[str] = []
-        self.quarter = paced.Step(0, 0, 0, 0, float("nan"), float("nan"))  # 25 %: set by
-        # the latency phase, measured again through the floor's relay
+        # The steps at 5 % and 25 % of the backlog rate: set by the latency phase, measured
+        # again through the floor's relay.
+        self.curve: dict[str, paced.Step] = {}
 
     # ------------------------------------------------------------ preparation
     def topic(self, name: str) -> str:
@@ -343,8 +346,9 @@ class Bench:
 
     def phase_latency(self) -> None:
         """Produce → result event under a steady load, through one worker: a warm-up (not
-        measured), 70 % of the backlog rate (the figures of record), 50 % and 25 % (the
-        curve); then the sustainable rate: the highest whose p99 stays within 100 ms over
+        measured), 70 % of the backlog rate (the figures of record), 50 %, 25 % and 5 % (the
+        curve; at 5 % the processes wait less for a core, each step's ``waiting`` says how
+        much); then the sustainable rate: the highest whose p99 stays within 100 ms over
         the window, found by stepping the rate (``paced.sustainable_rate``)."""
         topic = self.topic("lat")
         worker = self.worker(topic, f"bench-lat-{self.run}", "latency")
@@ -360,12 +364,13 @@ class Bench:
         load.step(0.7 * full, self.sizes.latency_warmup_seconds)
         curve = {}
         for name, fraction, duration in (("70%", 0.7, seconds), ("50%", 0.5, seconds / 2),
-                                         ("25%", 0.25, seconds / 2)):
+                                         ("25%", 0.25, seconds / 2), ("5%", 0.05, seconds / 2)):
             step = load.step(fraction * full, duration)
             curve[name] = step
             log(f"latency at {step.rate_per_s:,.0f} auth/s ({name} of the backlog rate): "
                 f"p50 {step.p50_ms:.1f} ms, p99 {step.p99_ms:.1f} ms ({step.samples} events"
-                f"{f', {step.missing} missing' if step.missing else ''})")
+                f"{f', {step.missing} missing' if step.missing else ''}); cores busy "
+                f"{step.cores}, waited for a core per unit run {step.waiting or '-'}")
         log(f"sustainable rate: p99 <= {SUSTAINABLE_P99_MS} ms over {seconds:.0f} s")
         best, tried = paced.sustainable_rate(
             load, 0.25 * full, p99_bound_ms=SUSTAINABLE_P99_MS, seconds=seconds,
@@ -405,7 +410,7 @@ class Bench:
             min(beyond, key=lambda s: s.rate_per_s).cores if beyond else {})
         self.results["ratio_sustainable_vs_backlog"] = round(
             self.results["sustainable_auth_per_s"] / full, 3)
-        self.quarter = curve["25%"]
+        self.curve = curve
         log(f"sustainable: {self.results['sustainable_auth_per_s']:,.0f} auth/s "
             f"({self.results['ratio_sustainable_vs_backlog']:.2f} of the backlog rate); "
             f"cores busy there {self.results['cores_at_sustainable'] or '-'}, at the lowest "
@@ -415,7 +420,7 @@ class Bench:
     def phase_floor(self) -> None:
         """The same steady loads through a bare relay (``bench/relay.py``: consume, produce,
         acknowledge, commit; no Redis, no PostgreSQL): Kafka's own latency on this machine,
-        at 25 % of the backlog rate and at the sustainable rate."""
+        at 5 % and 25 % of the backlog rate and at the sustainable rate."""
         topic = self.topic("floor")
         env = {k: v for k, v in os.environ.items() if not k.startswith("PAYAUTH_")}
         env.update(PAYAUTH_KAFKA_BOOTSTRAP_SERVERS=self.bootstrap, PAYAUTH_LOG_LEVEL="WARNING")
@@ -428,7 +433,8 @@ class Bench:
                                    self.records, name=f"floor-{self.run}",
                                    under_test=relay.pid)
             load.step(0.25 * self.results["new_auth_per_s"], self.sizes.latency_warmup_seconds)
-            steps = {"25%": load.step(self.quarter.rate_per_s, self.sizes.latency_seconds)}
+            steps = {name: load.step(self.curve[name].rate_per_s, self.sizes.latency_seconds)
+                     for name in ("5%", "25%")}
             if self.results["sustainable_auth_per_s"]:
                 steps["sustainable"] = load.step(self.results["sustainable_auth_per_s"],
                                                  self.sizes.latency_seconds)
@@ -436,16 +442,18 @@ class Bench:
         finally:
             relay.terminate()
             relay.wait(30)
-        ours = {"25%": self.quarter.p99_ms, "sustainable": self.results["sustainable_p99_ms"]}
+        ours = {"5%": self.curve["5%"].p99_ms, "25%": self.curve["25%"].p99_ms,
+                "sustainable": self.results["sustainable_p99_ms"]}
         self.results["kafka_floor_p99_ms"] = {k: round(s.p99_ms, 2) for k, s in steps.items()}
-        self.results["kafka_floor_points"] = [s.as_json() for s in steps.values()]
+        self.results["kafka_floor_points"] = [{"load": k, **s.as_json()} for k, s in steps.items()]
         self.results["ratio_p99_vs_floor"] = {
             k: round(ours[k] / s.p99_ms, 2) for k, s in steps.items()
             if ours[k] is not None and s.p99_ms > 0}
         for name, step in steps.items():
             log(f"Kafka floor at {step.rate_per_s:,.0f} auth/s ({name}): p50 "
                 f"{step.p50_ms:.1f} ms, p99 {step.p99_ms:.1f} ms; payauth's p99 is "
-                f"{self.results['ratio_p99_vs_floor'].get(name, float('nan')):.1f}x that")
+                f"{self.results['ratio_p99_vs_floor'].get(name, float('nan')):.1f}x that; "
+                f"waited for a core per unit run {step.waiting or '-'}")
 
     def phase_naive(self) -> None:
         topic = self.topic("naive")
@@ -536,6 +544,16 @@ def render(r: dict[str, Any]) -> str:
     floor = r.get("kafka_floor_p99_ms", {})
     lines.append("kafka_floor_p99_ms            " + ", ".join(
         f"{k} {v:,}" for k, v in floor.items()))
+    lines.append("ratio_p99_vs_floor            " + ", ".join(
+        f"{k} {v:,}" for k, v in r.get("ratio_p99_vs_floor", {}).items()))
+    # How long each kind of process waited for a core per unit it ran, at 25 %: payauth's
+    # step, then the floor's at the same rate.
+    def at_quarter(points: str) -> object:
+        return next((p.get("waiting") or "-" for p in r.get(points, [])
+                     if p.get("load") == "25%"), "-")
+
+    lines.append(f"waiting for a core at 25 %    payauth {at_quarter('latency_curve')}; "
+                 f"floor {at_quarter('kafka_floor_points')}")
     return "\n".join(lines)
 
 
