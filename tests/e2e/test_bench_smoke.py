@@ -32,7 +32,7 @@ def test_bench_smoke_writes_every_key_and_verify_holds(live_stack, tmp_path) -> 
     assert results["verify_ok"] is True and results["mode"] == "smoke"
     assert all(results[k] > 0 for k in KEYS if k not in ("p50_ms", "p99_ms"))
     assert results["latency_samples"] > 0
-    # Every event of the latency phase came back; the curve has its three loads; the worker's
+    # Every event of the latency phase came back; the curve has its four loads; the worker's
     # own account of where a batch's time went is there.
     assert results["latency_events_missing"] == 0
     assert [step["load"] for step in results["latency_curve"]] == ["70%", "50%", "25%", "5%"]
@@ -46,7 +46,7 @@ def test_bench_smoke_writes_every_key_and_verify_holds(live_stack, tmp_path) -> 
     assert results["cpu_us_per_auth"]["worker"] > 0 and results["cpu_us_per_auth"]["postgres"] > 0
     # The steady-load figures: the search for the sustainable rate stepped at least once (a
     # smoke run's rate may be 0: no rate held p99 within 100 ms over its 4 s windows), the
-    # bare relay's floor at 25 %, and the picture of it all.
+    # bare relay's floor at 5 % and 25 %, and the picture of it all.
     assert results["sustainable_steps"] and "sustainable_auth_per_s" in results
     # Each step says how busy the machine was while it sent (cores, from /proc).
     kinds = {"worker", "postgres", "broker", "redis", "load", "machine"}
@@ -54,8 +54,9 @@ def test_bench_smoke_writes_every_key_and_verify_holds(live_stack, tmp_path) -> 
     assert all(0 < step["cores"]["machine"] <= results["machine_cores"] + 0.5
                for step in results["latency_points"])
     # And how long each kind of process waited for a core per unit it ran (schedstat, where
-    # the kernel keeps it, as on the machines this runs on).
-    if Path("/proc/self/schedstat").exists():
+    # the kernel keeps it: this process's own figure is not zero, as on the machines CI uses).
+    own = Path("/proc/self/schedstat")
+    if own.exists() and own.read_text().split()[0] != "0":
         for step in results["latency_points"] + results["kafka_floor_points"]:
             assert set(step["waiting"]) >= {"worker", "broker", "load", "machine"}, step
             assert all(value >= 0 for value in step["waiting"].values())

@@ -9,8 +9,9 @@ takes its CPU time with it (short-lived connections: a small undercount).
 gives the cores each kind kept busy on average, the load generator's (this process) and the
 whole machine's: whether a rate was limited by the machine's CPU, not by a wait.
 ``waiting(before, after)`` gives, per kind, how long its threads were ready to run but
-waited for a core, per unit of time they ran (the kernel's per-thread schedstat): what
-sharing the cores cost each step of a batch's cycle, 0 on a machine with cores to spare.
+waited for a core, per unit of time they ran (the kernel's per-thread schedstat). It grows
+with how busy the cores are; a woken thread waits some even with cores idle (on 2 cores,
+the bare relay's at half a core busy: about 0.7).
 """
 
 from __future__ import annotations
@@ -76,8 +77,8 @@ def per_item(before: Sample, after: Sample, items: int) -> dict[str, float]:
             for kind in KINDS}
 
 
-# kind → pid → (ns its threads ran, ns they were runnable but waited for a core)
-Scheduled = dict[str, dict[int, tuple[int, int]]]
+# kind → (pid, thread id) → (ns the thread ran, ns it was runnable but waited for a core)
+Scheduled = dict[str, dict[tuple[int, int], tuple[int, int]]]
 
 
 @dataclass(frozen=True)
@@ -96,25 +97,9 @@ def _machine_busy_ticks() -> int:
     return user + nice + system + irq + softirq + steal
 
 
-def _scheduled(pid: int) -> tuple[int, int] | None:
-    """A process's threads' ns on a CPU and ns runnable but waiting for one (/proc's
-    schedstat: run, wait, timeslices); None where the kernel keeps no such figures."""
-    run = wait = 0
-    try:
-        tasks = list(Path(f"/proc/{pid}/task").iterdir())
-    except OSError:
-        return None
-    for task in tasks:
-        try:
-            fields = (task / "schedstat").read_text().split()
-        except OSError:
-            continue  # the thread ended, or no schedstat in this kernel
-        run += int(fields[0])
-        wait += int(fields[1])
-    return (run, wait) if run or wait else None
-
-
 def _scheduled_all(worker_pid: int) -> Scheduled:
+    """Every thread's ns on a CPU and ns runnable but waiting for one (/proc's schedstat:
+    run, wait, timeslices), by kind; threads the kernel keeps no figures for are left out."""
     out: Scheduled = {}
     own = os.getpid()
     for entry in Path("/proc").iterdir():
@@ -122,9 +107,17 @@ def _scheduled_all(worker_pid: int) -> Scheduled:
             continue
         pid = int(entry.name)
         kind = "load" if pid == own else _kind(pid, worker_pid) or "other"
-        figures = _scheduled(pid)
-        if figures is not None:
-            out.setdefault(kind, {})[pid] = figures
+        try:
+            tasks = list(Path(f"/proc/{pid}/task").iterdir())
+        except OSError:
+            continue  # the process ended
+        for task in tasks:
+            try:
+                run, wait = (task / "schedstat").read_text().split()[:2]
+            except (OSError, ValueError):
+                continue  # the thread ended, or no schedstat in this kernel
+            if run != "0" or wait != "0":
+                out.setdefault(kind, {})[(pid, int(task.name))] = (int(run), int(wait))
     return out
 
 
@@ -148,13 +141,16 @@ def cores(before: Snapshot, after: Snapshot) -> dict[str, float]:
 
 def wait_per_run(before: Scheduled, after: Scheduled) -> dict[str, float]:
     """Per kind (and ``machine``, every process): ns its threads waited for a core per ns
-    they ran between two readings. A process that started in between counts from zero; one
-    that ended takes its figures with it. Empty where the kernel keeps no schedstat."""
+    they ran between two readings. Thread by thread: one that started in between (or whose
+    figures went back: its id reused) counts from zero; one that ended takes its figures
+    with it. Empty where the kernel keeps no schedstat."""
     totals: dict[str, list[int]] = {}
-    for kind, pids in after.items():
+    for kind, threads in after.items():
         ran = waited = 0
-        for pid, (run, wait) in pids.items():
-            run0, wait0 = before.get(kind, {}).get(pid, (0, 0))
+        for thread, (run, wait) in threads.items():
+            run0, wait0 = before.get(kind, {}).get(thread, (0, 0))
+            if run < run0 or wait < wait0:
+                run0 = wait0 = 0
             ran += run - run0
             waited += wait - wait0
         totals[kind] = [ran, waited]

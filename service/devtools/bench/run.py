@@ -548,12 +548,13 @@ def render(r: dict[str, Any]) -> str:
         f"{k} {v:,}" for k, v in r.get("ratio_p99_vs_floor", {}).items()))
     # How long each kind of process waited for a core per unit it ran, at 25 %: payauth's
     # step, then the floor's at the same rate.
-    def at_quarter(points: str) -> object:
-        return next((p.get("waiting") or "-" for p in r.get(points, [])
-                     if p.get("load") == "25%"), "-")
+    def at_quarter(points: str) -> str:
+        waited = next((p.get("waiting") for p in r.get(points, []) if p.get("load") == "25%"),
+                      None)
+        return ", ".join(f"{kind} {value}" for kind, value in waited.items()) if waited else "-"
 
-    lines.append(f"waiting for a core at 25 %    payauth {at_quarter('latency_curve')}; "
-                 f"floor {at_quarter('kafka_floor_points')}")
+    lines.append(f"waiting for a core at 25 %    payauth: {at_quarter('latency_curve')}; "
+                 f"floor: {at_quarter('kafka_floor_points')}")
     return "\n".join(lines)
 
 
