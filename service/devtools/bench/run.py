@@ -108,8 +108,8 @@ class Bench:
         self.rng = random.Random(42)
         self.results: dict[str, Any] = {}
         self.topics: list[str] = []
-        # The steps at 5 % and 25 % of the backlog rate: set by the latency phase, measured
-        # again through the floor's relay.
+        # The curve's steps (70 % to 5 % of the backlog rate): set by the latency phase; the
+        # floor's relay is measured again at the 5 % and 25 % ones.
         self.curve: dict[str, paced.Step] = {}
 
     # ------------------------------------------------------------ preparation
