@@ -97,16 +97,19 @@ def _machine_busy_ticks() -> int:
     return user + nice + system + irq + softirq + steal
 
 
-def _scheduled_all(worker_pid: int) -> Scheduled:
+def _scheduled_all(processes: Sample) -> Scheduled:
     """Every thread's ns on a CPU and ns runnable but waiting for one (/proc's schedstat:
-    run, wait, timeslices), by kind; threads the kernel keeps no figures for are left out."""
+    run, wait, timeslices), by kind as ``processes`` (a ``sample`` just taken) classed them,
+    this process as "load", the rest "other"; threads the kernel keeps no figures for are
+    left out."""
+    kind_of = {pid: kind for kind, pids in processes.items() for pid in pids}
     out: Scheduled = {}
     own = os.getpid()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         pid = int(entry.name)
-        kind = "load" if pid == own else _kind(pid, worker_pid) or "other"
+        kind = "load" if pid == own else kind_of.get(pid, "other")
         try:
             tasks = list(Path(f"/proc/{pid}/task").iterdir())
         except OSError:
@@ -123,8 +126,9 @@ def _scheduled_all(worker_pid: int) -> Scheduled:
 
 def snapshot(worker_pid: int) -> Snapshot:
     own = os.times()
-    return Snapshot(sample(worker_pid), own.user + own.system, _machine_busy_ticks(),
-                    time.monotonic(), _scheduled_all(worker_pid))
+    processes = sample(worker_pid)
+    return Snapshot(processes, own.user + own.system, _machine_busy_ticks(),
+                    time.monotonic(), _scheduled_all(processes))
 
 
 def cores(before: Snapshot, after: Snapshot) -> dict[str, float]:
