@@ -20,7 +20,7 @@ def _cmd_run(settings: Settings, _args: argparse.Namespace) -> int:
 
 
 def _cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
-    from service.migrate import MIGRATIONS_DIR, migrate
+    from service.ops.migrate import MIGRATIONS_DIR, migrate
 
     directory = Path(args.dir) if args.dir else MIGRATIONS_DIR
     applied = asyncio.run(migrate(settings.database_url.get_secret_value(), directory))
@@ -29,7 +29,7 @@ def _cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(settings: Settings, args: argparse.Namespace) -> int:
-    from service.verify import report, verify
+    from service.ops.verify import report, verify
 
     text, ok = report(asyncio.run(verify(settings.database_url.get_secret_value())))
     print(text)
@@ -37,7 +37,7 @@ def _cmd_verify(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _cmd_topics(settings: Settings, args: argparse.Namespace) -> int:
-    from service.topics import ensure_topics
+    from service.ops.topics import ensure_topics
 
     created = ensure_topics(settings, partitions=args.partitions, wait_seconds=args.wait)
     print(f"topics: created {', '.join(created)}" if created else "topics: all present")
@@ -49,7 +49,7 @@ def _cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
 
     import asyncpg
 
-    from service import replay
+    from service.ops import replay
 
     if args.shadow:
         return _shadow_replay(settings, args)
@@ -95,7 +95,7 @@ def _cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _replay_plans(settings: Settings, args: argparse.Namespace) -> list[Any]:
-    from service import replay
+    from service.ops import replay
 
     return replay.build_plan(
         settings,
@@ -116,7 +116,7 @@ def _shadow_replay(settings: Settings, args: argparse.Namespace) -> int:
     import asyncpg
     from confluent_kafka import KafkaException
 
-    from service import replay, shadow
+    from service.ops import replay, shadow
 
     by_plan = [args.to_datetime is not None, args.to_earliest, args.shift_by is not None]
     by_offsets = args.from_offset is not None or args.to_offset is not None
@@ -175,7 +175,7 @@ def _transaction_ids(text: str) -> list[str]:
 
 
 def _cmd_dlq_redrive(settings: Settings, args: argparse.Namespace) -> int:
-    from service import redrive
+    from service.ops import redrive
 
     letters = redrive.read_dead_letters(
         settings, reason=args.reason, from_offset=args.from_offset, to_offset=args.to_offset,
@@ -193,7 +193,7 @@ def _cmd_dlq_redrive(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _cmd_explain(settings: Settings, args: argparse.Namespace) -> int:
-    from service.explain import explain
+    from service.ops.explain import explain
 
     result = asyncio.run(explain(settings.database_url.get_secret_value(), args.transaction_id))
     print(result.render())
@@ -201,7 +201,7 @@ def _cmd_explain(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _cmd_accounts_load(settings: Settings, args: argparse.Namespace) -> int:
-    from service import accounts
+    from service.ops import accounts
 
     try:
         rows = accounts.read(Path(args.file))
@@ -219,19 +219,10 @@ def _cmd_accounts_load(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _cmd_purge(settings: Settings, args: argparse.Namespace) -> int:
-    import asyncpg
+    from service.ops.purge import purge_command
 
-    from service.purge import purge
-
-    async def go() -> int:
-        conn = await asyncpg.connect(settings.database_url.get_secret_value())
-        try:
-            return await purge(conn, retention_hours=settings.dedup_retention_hours,
-                               batch_size=args.batch_size, pause_seconds=args.pause)
-        finally:
-            await conn.close()
-
-    deleted = asyncio.run(go())
+    deleted = asyncio.run(purge_command(settings, batch_size=args.batch_size,
+                                        pause_seconds=args.pause))
     print(f"purge: deleted {deleted} dedup record(s) older than "
           f"{settings.dedup_retention_hours} h")
     return 0

@@ -20,22 +20,21 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from confluent_kafka import Producer
 
 from service import metrics
 from service.adapters.kafka.admin import topic_max_message_bytes
-from service.adapters.kafka.config import client_config, producer_config
+from service.adapters.kafka.config import client_config
 from service.adapters.kafka.consumer import ConsumerThread, Handoff, OffsetTracker
 from service.adapters.kafka.publisher import Publisher as KafkaPublisher
 from service.adapters.postgres import PostgresStore
 from service.adapters.redis_cache import RedisDedupCache
+from service.adapters.retention import purge_once
 from service.config import Settings
-from service.dispatcher import Dispatcher
-from service.domain.errors import StoreUnavailable
+from service.core.dispatcher import Dispatcher
+from service.core.pipeline import BatchProcessor, Topics
+from service.core.plan import Limits
+from service.core.ports import Cache, Publisher, Store, StoreUnavailable
 from service.health import Health, serve_http
-from service.pipeline import BatchProcessor, Topics
-from service.plan import Limits
-from service.ports import Cache, Publisher, Store
 
 log = structlog.get_logger(__name__)
 
@@ -99,7 +98,7 @@ async def run_worker(settings: Settings, wiring: Wiring | None = None) -> int:
     health.postgres_ok = True
     cache = _redis_cache(settings)
     metrics.redis_up.set(1 if await cache.ping() else 0)
-    publisher = KafkaPublisher(Producer(producer_config(settings)), loop)
+    publisher = KafkaPublisher.for_settings(settings, loop)
     tracker = OffsetTracker()
     wrapped_cache = wiring.wrap_cache(cache)  # the store's wrapper gets the plain one
     processor = BatchProcessor(
@@ -238,19 +237,12 @@ async def _heartbeat(
 
 
 async def _purge_periodically(settings: Settings) -> None:
-    import asyncpg
-
-    from service.purge import purge
-
     while True:
         await asyncio.sleep(settings.purge_interval_seconds)
         try:
-            conn = await asyncpg.connect(settings.database_url.get_secret_value(), timeout=10)
-            try:
-                await purge(conn, retention_hours=settings.dedup_retention_hours,
-                            pause_seconds=0.05)
-            finally:
-                await conn.close()
+            await purge_once(settings.database_url.get_secret_value(),
+                             retention_hours=settings.dedup_retention_hours,
+                             pause_seconds=0.05, connect_timeout=10)
         except Exception as exc:  # retention is housekeeping: never stop the worker for it
             log.warning("purge_failed", error=str(exc)[:300])
 

@@ -36,12 +36,11 @@ from typing import Any, NoReturn, Self
 import asyncpg
 
 from service.adapters.pg_columns import joined, split
+from service.core.ports import ClaimLost, DataRejected, Sighting, StoreUnavailable, TransientError
 from service.domain.dedup import StoredResult
-from service.domain.errors import StoreUnavailable, TransientError
 from service.domain.messages import Authorization, fingerprint_of
 from service.domain.money import format_amount
 from service.domain.vocabulary import DeclineReason, Result
-from service.ports import ClaimLost, DataRejected, Sighting
 
 # Errors that may pass on retry, by class (never by message text).
 _RETRYABLE = (asyncpg.DeadlockDetectedError, asyncpg.SerializationError,

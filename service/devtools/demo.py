@@ -33,8 +33,8 @@ from service.config import Settings
 from service.devtools.processes import WorkerProcess
 from service.domain.vocabulary import DuplicateCause
 from service.logs import librdkafka_logger
-from service.topics import ensure_topics
-from service.verify import report, verify
+from service.ops.topics import ensure_topics
+from service.ops.verify import report, verify
 
 
 def authorization_message(

@@ -9,6 +9,7 @@ import os
 import sys
 
 from service.config import Settings
+from service.core.ports import Cache, Publisher, Store
 from service.devtools.faults import (
     POINTS,
     FaultyCache,
@@ -17,7 +18,6 @@ from service.devtools.faults import (
     LostReplyOnceStore,
     RollbackOnceStore,
 )
-from service.ports import Cache, Publisher, Store
 from service.worker import Wiring, run_worker
 
 

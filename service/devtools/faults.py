@@ -28,10 +28,9 @@ from typing import Any
 import asyncpg
 
 from service.adapters.postgres import AUTHORIZE_STATEMENT, PostgresStore
+from service.core.ports import Cache, Publisher, Record, Sighting, Store, TransientError
 from service.domain.dedup import StoredResult
-from service.domain.errors import TransientError
 from service.domain.messages import Authorization
-from service.ports import Cache, Publisher, Record, Sighting, Store
 
 POINTS = ("before_db_commit", "after_db_commit", "after_publish", "after_redis_set",
           "rollback_once", "connection_lost_after_commit")

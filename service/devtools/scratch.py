@@ -9,8 +9,8 @@ import contextlib
 import asyncpg
 from confluent_kafka.admin import AdminClient
 
-from service.migrate import migrate
-from service.topics import NewTopic
+from service.ops.migrate import migrate
+from service.ops.topics import NewTopic
 
 
 def admin_dsn(dsn: str, database: str = "postgres") -> str:

@@ -1,8 +1,9 @@
-"""What can go wrong, by what to do next.
+"""What can be wrong with a message: ``InvalidMessage`` is permanent, the message goes to the
+dead-letter topic with its ``DeadLetterReason``.
 
-- ``InvalidMessage``: permanent, the message goes to the dead-letter topic with its reason.
-- ``TransientError``: an infrastructure fault; retry with backoff, never store it as a result.
-A decline is neither: it is a value (``decision.Decision``).
+A decline is not an error: it is a value, a result stored like an approval. The
+infrastructure errors (retry with backoff, never store as a result) live with the ports the
+adapters translate them to: ``service/core/ports.py``.
 """
 
 from __future__ import annotations
@@ -30,21 +31,3 @@ class InvalidMessage(Exception):
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
-
-
-class TransientError(Exception):
-    """A dependency failed in a way that may pass; the work is retried, nothing is stored."""
-
-
-class StoreUnavailable(TransientError):
-    """PostgreSQL cannot be reached or refused the work for a reason that may pass."""
-
-
-class PublishFailed(TransientError):
-    """A result or dead-letter record was not acknowledged by Kafka. ``too_large``: Kafka
-    refused a record for its size, which the same record would meet again (the caller
-    shrinks what it sends before retrying)."""
-
-    def __init__(self, message: str, *, too_large: bool = False) -> None:
-        super().__init__(message)
-        self.too_large = too_large

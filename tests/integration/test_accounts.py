@@ -12,7 +12,7 @@ from pathlib import Path
 
 import asyncpg
 
-from service.verify import verify
+from service.ops.verify import verify
 from tests.support import stack
 from tests.support.workers import payauth
 

@@ -14,8 +14,8 @@ import pytest
 
 from service.adapters.pg_columns import joined, split
 from service.adapters.postgres import PostgresStore
+from service.core.ports import ClaimLost
 from service.domain.messages import Authorization, decode_authorization
-from service.ports import ClaimLost
 from tests.support import stack
 from tests.support.factory import auth_message, encode
 from tests.support.oracle import Account, decide_in_order, decide_in_order_with_inputs

@@ -15,7 +15,7 @@ import pytest
 from service.adapters.postgres import ClaimLost, PostgresStore
 from service.devtools.chaos.proxy import TcpProxy
 from service.domain.messages import decode_authorization
-from service.verify import report, verify
+from service.ops.verify import report, verify
 from tests.support import stack
 from tests.support.factory import auth_message, encode
 from tests.support.workers import wait_caught_up, wait_until

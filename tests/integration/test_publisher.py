@@ -13,8 +13,7 @@ from confluent_kafka import Producer
 from service.adapters.kafka.config import producer_config
 from service.adapters.kafka.publisher import Publisher
 from service.config import load_settings
-from service.domain.errors import PublishFailed
-from service.ports import Record
+from service.core.ports import PublishFailed, Record
 from tests.support import stack
 
 

@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from service.migrate import MIGRATIONS_DIR
+from service.ops.migrate import MIGRATIONS_DIR
 from tests.support import stack
 from tests.support.factory import auth_message, encode
 from tests.support.workers import payauth, wait_caught_up

@@ -51,7 +51,7 @@ def dsn_for(database: str) -> str:
 
 async def ensure_template() -> None:
     """A migrated template database; each test clones it (much faster than migrating)."""
-    from service.migrate import migrate
+    from service.ops.migrate import migrate
 
     conn = await asyncpg.connect(PG_ADMIN_DSN)
     try:

@@ -8,11 +8,11 @@ import json
 
 from structlog.testing import capture_logs
 
-from service.accounting import account
+from service.core.plan import BatchPlan, Conflict, Decided, Duplicate, Invalid
+from service.core.reporting import account
 from service.domain.errors import DeadLetterReason
 from service.domain.vocabulary import DuplicateCause, DuplicateLayer
 from service.logs import _dumps
-from service.plan import BatchPlan, Conflict, Decided, Duplicate, Invalid
 from tests.support.factory import auth_message, encode
 from tests.unit.test_pipeline import Msg
 from tests.unit.test_plan import stored

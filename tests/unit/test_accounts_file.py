@@ -7,7 +7,7 @@ from decimal import Decimal
 
 import pytest
 
-from service.accounts import AccountsFileInvalid, parse
+from service.ops.accounts import AccountsFileInvalid, parse
 
 
 def test_a_balance_within_its_minor_unit_loads_exactly() -> None:

@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from service.dispatcher import Dispatcher
+from service.core.dispatcher import Dispatcher
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """The commit order's runner: what it publishes, caches, retries and reports as finished,
-with in-memory stand-ins that implement the ports (``service/ports.py``; the adapters
+with in-memory stand-ins that implement the ports (``service/core/ports.py``; the adapters
 themselves are tested against the real services in tests/integration)."""
 
 from __future__ import annotations
@@ -14,13 +14,12 @@ from uuid import UUID, uuid4
 import pytest
 
 from service import metrics
+from service.core.pipeline import BatchProcessor, Topics
+from service.core.plan import Limits
+from service.core.ports import TP, ClaimLost, DataRejected, PublishFailed, Record, StoreUnavailable
 from service.domain.dedup import StoredResult
-from service.domain.errors import PublishFailed, StoreUnavailable
 from service.domain.messages import Authorization
 from service.domain.vocabulary import DuplicateCause, Result
-from service.pipeline import BatchProcessor, Topics
-from service.plan import Limits
-from service.ports import TP, ClaimLost, DataRejected, Record
 from tests.support.factory import auth_message, encode
 
 
@@ -277,7 +276,7 @@ async def test_an_unexpected_failure_is_not_dead_lettered_while_postgres_is_away
 
 async def test_a_bug_in_decoding_one_message_dead_letters_only_that_message(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    import service.plan as plan
+    import service.core.plan as plan
 
     real = plan.decode_authorization
 

@@ -6,11 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from service.domain.dedup import StoredResult
-from service.domain.errors import DeadLetterReason
-from service.domain.messages import decode_authorization
-from service.domain.vocabulary import Outcome, Result
-from service.plan import (
+from service.core.plan import (
     BatchPlan,
     Conflict,
     Decided,
@@ -24,6 +20,10 @@ from service.plan import (
     split_fast_path,
     split_stored,
 )
+from service.domain.dedup import StoredResult
+from service.domain.errors import DeadLetterReason
+from service.domain.messages import decode_authorization
+from service.domain.vocabulary import Outcome, Result
 from tests.support.factory import auth_message, encode
 from tests.unit.test_pipeline import Msg
 

@@ -3,7 +3,7 @@ exactly when a stored decision or a never-decided message would change."""
 
 from __future__ import annotations
 
-from service.shadow_report import EXAMPLES_ON_SCREEN, Decision, ShadowReport
+from service.ops.shadow_report import EXAMPLES_ON_SCREEN, Decision, ShadowReport
 
 APPROVED = Decision("APPROVED")
 NO_FUNDS = Decision("DECLINED", "INSUFFICIENT_FUNDS")

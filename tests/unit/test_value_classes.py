@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
+from service.core.plan import Conflict, Decided, Duplicate, Invalid
+from service.core.ports import Record
 from service.domain.dedup import Classified, StoredResult
 from service.domain.messages import Authorization
-from service.plan import Conflict, Decided, Duplicate, Invalid
-from service.ports import Record
 
 
 @pytest.mark.parametrize("cls", [Authorization, StoredResult, Classified, Decided, Duplicate,

@@ -3,7 +3,7 @@
 each partition's messages to the asyncio side through ``Handoff``, stores the offsets of
 finished work reported to the ``OffsetTracker``, and answers rebalances.
 
-Offsets (step 5 of the commit order, ``service/pipeline.py``): ``enable.auto.offset.store``
+Offsets (step 5 of the commit order, ``service/core/pipeline.py``): ``enable.auto.offset.store``
 is off; an offset is stored only once the asyncio side reports the work before it finished
 (committed, published), and librdkafka's auto-commit commits what was stored. On revoke and
 on shutdown we commit synchronously.
@@ -25,8 +25,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from service import metrics
 from service.adapters.kafka.config import consumer_config
 from service.config import Settings
+from service.core.ports import TP
 from service.logs import RateLimitedLog
-from service.ports import TP
 
 log = structlog.get_logger(__name__)
 

@@ -12,8 +12,9 @@ from typing import Any
 import structlog
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from service.domain.errors import PublishFailed
-from service.ports import Record
+from service.adapters.kafka.config import producer_config
+from service.config import Settings
+from service.core.ports import PublishFailed, Record
 
 log = structlog.get_logger(__name__)
 
@@ -57,6 +58,11 @@ class _BatchAck:
 
 class Publisher:
     """Produce and await the broker's acknowledgements from asyncio."""
+
+    @classmethod
+    def for_settings(cls, settings: Settings, loop: asyncio.AbstractEventLoop) -> Publisher:
+        """A publisher on a producer of the settings' own (``producer_config``)."""
+        return cls(Producer(producer_config(settings)), loop)
 
     def __init__(self, producer: Producer, loop: asyncio.AbstractEventLoop) -> None:
         self._producer = producer

@@ -60,8 +60,8 @@ from service.devtools.bench import cpu, paced, pgbench, plot
 from service.devtools.bench.naive import run_naive
 from service.devtools.demo import authorization_message
 from service.devtools.processes import ROOT, WorkerProcess
-from service.replay import build_plan, execute
-from service.verify import report, verify
+from service.ops.replay import build_plan, execute
+from service.ops.verify import report, verify
 
 PARTITIONS = 12
 ACCOUNTS = 10_000

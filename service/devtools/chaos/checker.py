@@ -28,7 +28,7 @@ from service.adapters.redis_cache import BUCKET_PREFIX, master_options
 from service.config import Settings
 from service.domain.dedup import read_fast_path_value
 from service.domain.events import event_time
-from service.verify import verify
+from service.ops.verify import verify
 
 
 @dataclass

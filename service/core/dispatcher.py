@@ -6,7 +6,7 @@ transaction, one Redis round trip and one wait for Kafka acknowledgements serve 
 partitions at once; a partition is in at most one batch at a time, so its messages are
 processed in offset order. Up to ``max_in_flight`` batches run concurrently (on disjoint
 partitions), overlapping one batch's waits with another's work. The processor runs the
-commit order (``service/pipeline.py``), reporting offsets included; here, only scheduling.
+commit order (``service/core/pipeline.py``), reporting offsets included; here, only scheduling.
 
 Under light load a batch is whatever arrived since the last one (low latency); under heavy
 load batches grow by themselves (high throughput). A batch starts while another is in
@@ -43,7 +43,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from service.ports import TP
+from service.core.ports import TP
 
 log = structlog.get_logger(__name__)
 

@@ -16,10 +16,10 @@ from collections import Counter
 import structlog
 
 from service import metrics
+from service.core.plan import BatchPlan, Conflict, Decided, Duplicate, Invalid
 from service.domain.vocabulary import DuplicateCause, DuplicateLayer
-from service.plan import BatchPlan, Conflict, Decided, Duplicate, Invalid
 
-log = structlog.get_logger("service.pipeline")
+log = structlog.get_logger("service.core.pipeline")
 
 
 def account(plan: BatchPlan) -> None:

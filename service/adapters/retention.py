@@ -1,6 +1,8 @@
 """Retention of the PostgreSQL dedup store: delete records older than the window, in bounded
 batches, each its own short transaction (no long locks, no bloat spike). The ledger is never
-purged: its unique txn_id stays the last guard against a second debit."""
+purged: its unique txn_id stays the last guard against a second debit. Run by ``payauth
+purge`` (``service/ops/purge.py``) and by the worker now and then
+(``PAYAUTH_PURGE_INTERVAL_SECONDS``)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,6 @@ import asyncpg
 import structlog
 
 log = structlog.get_logger(__name__)
-
 
 
 def _delete_expired(table: str, key: str, age: str) -> str:
@@ -78,3 +79,14 @@ async def purge(
     log.info("purge_done", deleted=total, receipts_deleted=receipts, batches=batches,
              seconds=round(time.monotonic() - started, 3), retention_hours=retention_hours)
     return total
+
+
+async def purge_once(dsn: str, *, retention_hours: int, batch_size: int = 5_000,
+                     pause_seconds: float = 0.0, connect_timeout: float = 60) -> int:
+    """``purge`` on a connection of its own, closed afterwards."""
+    conn = await asyncpg.connect(dsn, timeout=connect_timeout)
+    try:
+        return await purge(conn, retention_hours=retention_hours, batch_size=batch_size,
+                           pause_seconds=pause_seconds)
+    finally:
+        await conn.close()

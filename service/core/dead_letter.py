@@ -14,9 +14,9 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
+from service.core.ports import Message
 from service.domain.errors import DeadLetterReason
 from service.domain.pan import redact
-from service.ports import Message
 
 PREVIEW_BYTES = 1024
 # Room for the record's own framing (batch and record headers, timestamps) beside key,

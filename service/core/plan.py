@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from functools import cached_property
 
+from service.core.ports import Message
 from service.domain.dedup import (
     Kind,
     StoredResult,
@@ -53,7 +54,6 @@ from service.domain.vocabulary import (
     Outcome,
     Result,
 )
-from service.ports import Message
 
 # partition → the committed offset an operator's replay rewound from (``replay_marks``)
 ReplayMarks = Mapping[int, int]

@@ -1,7 +1,9 @@
 """The ports: what the batch runner needs from the outside world, defined here and implemented
 by the adapters (``service/adapters``). The core (``plan``, ``pipeline``, ``dispatcher``)
 imports these, never an adapter; an adapter translates its library's exceptions into the
-errors below (and those of ``domain.errors``) at its boundary.
+errors below at its boundary. This is the one home of the infrastructure errors, grouped by
+what to do next: ``TransientError`` and its kinds are retried with backoff and never stored
+as a result; ``DataRejected`` isolates the message responsible and dead-letters it.
 
 - ``Store``: the dedup records and the authorize call (PostgreSQL).
 - ``Cache``: the fast path (Redis); may only ever give false negatives.
@@ -17,7 +19,6 @@ from typing import Protocol
 from uuid import UUID
 
 from service.domain.dedup import StoredResult
-from service.domain.errors import TransientError
 from service.domain.messages import Authorization
 from service.domain.vocabulary import DuplicateCause, DuplicateLayer
 
@@ -46,6 +47,24 @@ class Record:
     key: bytes | str | None
     value: bytes | None
     headers: list[tuple[str, bytes]] | None = None
+
+
+class TransientError(Exception):
+    """A dependency failed in a way that may pass; the work is retried, nothing is stored."""
+
+
+class StoreUnavailable(TransientError):
+    """PostgreSQL cannot be reached or refused the work for a reason that may pass."""
+
+
+class PublishFailed(TransientError):
+    """A result or dead-letter record was not acknowledged by Kafka. ``too_large``: Kafka
+    refused a record for its size, which the same record would meet again (the caller
+    shrinks what it sends before retrying)."""
+
+    def __init__(self, message: str, *, too_large: bool = False) -> None:
+        super().__init__(message)
+        self.too_large = too_large
 
 
 class ClaimLost(TransientError):

@@ -47,13 +47,8 @@ from uuid import UUID
 import structlog
 
 from service import metrics
-from service.accounting import StageClock, account
-from service.dead_letter import dead_letter_payload
-from service.domain.dedup import StoredResult
-from service.domain.errors import DeadLetterReason, PublishFailed, StoreUnavailable, TransientError
-from service.domain.events import encode_event, result_event
-from service.domain.messages import Authorization
-from service.plan import (
+from service.core.dead_letter import dead_letter_payload
+from service.core.plan import (
     BatchPlan,
     Conflict,
     Invalid,
@@ -67,7 +62,7 @@ from service.plan import (
     split_fast_path,
     split_stored,
 )
-from service.ports import (
+from service.core.ports import (
     TP,
     Cache,
     ClaimLost,
@@ -75,10 +70,18 @@ from service.ports import (
     Message,
     OffsetSink,
     Publisher,
+    PublishFailed,
     Record,
     Sighting,
     Store,
+    StoreUnavailable,
+    TransientError,
 )
+from service.core.reporting import StageClock, account
+from service.domain.dedup import StoredResult
+from service.domain.errors import DeadLetterReason
+from service.domain.events import encode_event, result_event
+from service.domain.messages import Authorization
 
 log = structlog.get_logger(__name__)
 

@@ -30,10 +30,10 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from service.adapters.kafka.config import client_config
 from service.config import Settings
+from service.core.plan import Limits, decode_all
 from service.domain.messages import Authorization
-from service.plan import Limits, decode_all
-from service.replay import PartitionPlan, ReplayRefused, partitions_of
-from service.shadow_report import Decision, ShadowReport
+from service.ops.replay import PartitionPlan, ReplayRefused, partitions_of
+from service.ops.shadow_report import Decision, ShadowReport
 
 _CHUNK = 2_000  # messages classified per database round trip
 _QUIET_SECONDS = 30  # no message for this long before the range's end: the read fails
