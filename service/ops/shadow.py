@@ -38,10 +38,7 @@ from service.ops.shadow_report import Decision, ShadowReport
 _CHUNK = 2_000  # messages classified per database round trip
 _QUIET_SECONDS = 30  # no message for this long before the range's end: the read fails
 
-RULE_VERSION = """
-SELECT left(md5(p.prosrc), 12) FROM pg_proc p
- WHERE p.oid = to_regprocedure('payauth_decide(numeric,text,text,text,text,numeric)')
-"""
+RULE_VERSION = "SELECT payauth_rule_version()"  # defined once, in the migrations
 # The stored decision and what the rule decides now from the same inputs.
 _DECIDE_AGAIN = """
 SELECT p.txn_id, p.fingerprint, p.result, p.decline_reason, p.rule_version,
