@@ -10,7 +10,7 @@ import structlog
 
 log = structlog.get_logger(__name__)
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 # Any constant works; it only has to be the same for every replica.
 _LOCK_KEY = 0x7061_7961_7574_68  # "payauth"
 
