@@ -85,7 +85,9 @@ class Container:
         self.port = int(settings.get("PAYAUTH_METRICS_PORT") or 0)
 
     def run_args(self) -> list[str]:
-        args = ["--name", self.name, "--network=host", "--label", f"{LABEL}=1",
+        # the hostname names the Kafka client (payauth-HOSTNAME), as a pod's name does
+        args = ["--name", self.name, "--hostname", self.name, "--network=host",
+                "--label", f"{LABEL}=1",
                 # the probe is run by the test (healthcheck run), not by a timer
                 "--health-interval", "disable",
                 "--stop-timeout", str(self.grace_seconds)]
