@@ -16,10 +16,17 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from confluent_kafka.admin import AdminClient
 
 from tests.support import stack
-from tests.support.containers import Container, Engine, container_env, run_once, with_port
+from tests.support.containers import (
+    Container,
+    Engine,
+    container_env,
+    group_members,
+    run_once,
+    stable_with,
+    with_port,
+)
 from tests.support.factory import auth_message, encode
 from tests.support.workers import wait_caught_up, wait_until
 
@@ -110,29 +117,6 @@ def produce_slowly(topic: str, records: list[tuple[str, bytes, int]], per_second
     return threading.Thread(target=send, daemon=True)
 
 
-_admin: list[AdminClient] = []
-
-
-def group_members(group_id: str) -> list[tuple[str, list[int]]]:
-    """(client id, assigned partitions) of each member of the group now."""
-    if not _admin:
-        _admin.append(AdminClient({"bootstrap.servers": stack.BOOTSTRAP}))
-    admin = _admin[0]
-    description = admin.describe_consumer_groups([group_id], request_timeout=10)[group_id]
-    try:
-        result = description.result()
-    except Exception:
-        return []
-    return [(m.client_id, sorted(tp.partition for tp in m.assignment.topic_partitions))
-            for m in result.members]
-
-
-def stable_with(group_id: str, members: int) -> bool:
-    now = group_members(group_id)
-    assigned = sorted(p for _, parts in now for p in parts)
-    return len(now) == members and assigned == list(range(PARTITIONS))
-
-
 def decided_in_logs(container: Container) -> list[dict[str, Any]]:
     return [d for e in container.events("decided") for d in e["decisions"]]
 
@@ -151,7 +135,8 @@ def test_three_workers_one_stopped_one_killed_decide_everything_once(
     # Dynamic membership (no instance id): a clean stop leaves the group at once.
     settings = container_env(env, PAYAUTH_LOG_LEVEL="INFO", PAYAUTH_SHUTDOWN_TIMEOUT_SECONDS="20")
     workers = [containers(with_port(settings), grace_seconds=30) for _ in range(3)]
-    wait_until(lambda: stable_with(env.group_id, 3), 120, "three members sharing the partitions")
+    wait_until(lambda: stable_with(env.group_id, 3, PARTITIONS), 120,
+               "three members sharing the partitions")
     for worker in workers:
         wait_until(lambda w=worker: w.http_get("/readyz")[0] == 200, 60, f"{worker.name} ready")
 
@@ -170,7 +155,8 @@ def test_three_workers_one_stopped_one_killed_decide_everything_once(
                                 f"{stopped.raw_logs()[-3000:]}"
     stop_seconds = time.monotonic() - began
     committed = stack.committed_offsets(env.group_id, env.input_topic, PARTITIONS)
-    wait_until(lambda: stable_with(env.group_id, 2), 60, "the two others to take its partitions")
+    wait_until(lambda: stable_with(env.group_id, 2, PARTITIONS), 60,
+               "the two others to take its partitions")
     rebalance_seconds = time.monotonic() - began
     print(f"\n[containers] stop took {stop_seconds:.1f} s; stop to rebalance "
           f"{rebalance_seconds:.1f} s")
@@ -186,7 +172,8 @@ def test_three_workers_one_stopped_one_killed_decide_everything_once(
     wait_until(lambda: processed(env) >= 1800, 180, "more of the stream to be decided")
     assert processed(env) < len(stream.decided), "all decided before the kill"
     assert killed.kill() == 137
-    wait_until(lambda: stable_with(env.group_id, 1), 90, "the survivor to own every partition")
+    wait_until(lambda: stable_with(env.group_id, 1, PARTITIONS), 90,
+               "the survivor to own every partition")
 
     sender.join(timeout=120)
     assert not sender.is_alive() and not failures, failures

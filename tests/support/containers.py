@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from tests.support.stack import PG_ADMIN_DSN, ROOT, Env, free_port
+from confluent_kafka.admin import AdminClient
+
+from tests.support.stack import BOOTSTRAP, PG_ADMIN_DSN, ROOT, Env, free_port
 
 IMAGE = os.environ.get("PAYAUTH_TEST_IMAGE", "payauth:local")
 ENGINE_SCRIPT = ROOT / "deploy/image/engine.sh"
@@ -184,3 +186,29 @@ def run_once(engine: Engine, settings: dict[str, str], *command: str,
 def with_port(settings: dict[str, str]) -> dict[str, str]:
     """Each container on the host network serves on a port of its own."""
     return {**settings, "PAYAUTH_METRICS_PORT": str(free_port())}
+
+
+_admin: list[AdminClient] = []
+
+
+def group_members(group_id: str) -> list[tuple[str, list[int]]]:
+    """(client id, assigned partitions) of each member of the group now."""
+    if not _admin:
+        _admin.append(AdminClient({"bootstrap.servers": BOOTSTRAP}))
+    admin = _admin[0]
+    description = admin.describe_consumer_groups([group_id], request_timeout=10)[group_id]
+    try:
+        result = description.result()
+    except Exception:
+        return []
+    return [(m.client_id, sorted(tp.partition for tp in m.assignment.topic_partitions))
+            for m in result.members]
+
+
+def stable_with(group_id: str, members: int, partitions: int) -> bool:
+    """The group has ``members`` members, every partition is assigned to one and each has
+    some (cooperative rebalancing hands partitions over in rounds)."""
+    now = group_members(group_id)
+    assigned = sorted(p for _, parts in now for p in parts)
+    return (len(now) == members and assigned == list(range(partitions))
+            and all(parts for _, parts in now))
