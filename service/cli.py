@@ -44,6 +44,29 @@ def _cmd_topics(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_acls(settings: Settings, args: argparse.Namespace) -> int:
+    from service.ops import acls
+
+    try:
+        principal = acls.check_principal(args.principal)
+    except ValueError as exc:
+        print(f"payauth acls: {exc}", file=sys.stderr)
+        return 2
+    wanted = acls.worker_acls(settings)
+    mode = "EXECUTE" if args.execute else "dry run (--execute to create)"
+    print(f"acls for {principal} as a worker of group {settings.group_id}: {mode}")
+    for acl in wanted:
+        print(f"  {acl.render(principal)}")
+    if args.execute:
+        try:
+            created = acls.create(settings, wanted, principal)
+        except acls.AclsRefused as exc:
+            print(f"payauth acls: {exc}", file=sys.stderr)
+            return 1
+        print(f"acls: created {created} (existing ones unchanged)")
+    return 0
+
+
 def _cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
 
@@ -249,6 +272,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--partitions", type=int, default=12)
     p.add_argument("--wait", type=float, default=60, help="seconds to wait for the broker")
     p.set_defaults(func=_cmd_topics)
+
+    p = sub.add_parser("acls", help="the Kafka ACLs a worker principal needs (dry run); "
+                                    "--execute creates them")
+    p.add_argument("--principal", required=True, metavar="User:NAME")
+    p.add_argument("--execute", action="store_true")
+    p.set_defaults(func=_cmd_acls)
 
     p = sub.add_parser("replay", help="rewind the group's committed offsets (dry run default); "
                                       "--shadow: what the rule now would change")
