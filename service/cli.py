@@ -337,7 +337,7 @@ def run_command(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> 
     except ConfigError as exc:
         print(f"{parser.prog}: {exc}", file=sys.stderr)
         return 2
-    configure_logging(settings.log_format, settings.log_level)
+    configure_logging(settings.log_format, settings.log_level, settings.secret_values())
     result: int = args.func(settings, args)
     return result
 

@@ -79,11 +79,9 @@ def create(settings: Settings, acls: list[Acl], principal: str, timeout: float =
     """Create the ACLs (creating one that exists is a no-op for Kafka); return how many."""
     admin = AdminClient(client_config(settings))
     futures = admin.create_acls(bindings(acls, principal), request_timeout=timeout)
-    for binding, future in futures.items():
+    for acl, future in zip(acls, futures.values(), strict=True):
         try:
             future.result(timeout=timeout)
         except Exception as exc:  # KafkaException, or a timeout: name the binding refused
-            raise AclsRefused(
-                f"could not create {binding.operation.name} on {binding.restype.name.lower()} "
-                f"{binding.name}: {exc}") from None
+            raise AclsRefused(f"could not create {acl.render(principal)}: {exc}") from None
     return len(futures)
