@@ -123,6 +123,14 @@ def test_a_wrong_password_is_refused_by_each_engine(
                "the refusal repeated once per interval")
     assert worker.alive()
 
+    # A worker with a wrong Kafka password: the same, for its broker connection.
+    kafka_worker = spawn_worker(env, "wrong-kafka", PAYAUTH_KAFKA_SASL_PASSWORD=WRONG)
+    wait_until(lambda: "kafka connection refused" in readyz(kafka_worker)[1], 90,
+               "readyz naming the broker's refusal")
+    status, body = readyz(kafka_worker)
+    assert status == 503 and "authentication" in body.lower(), body
+    assert kafka_worker.alive()
+
 
 def test_the_worker_login_may_not_change_the_ledger(
         env: stack.Env, worker_settings: dict[str, str], spawn_worker: Any) -> None:
