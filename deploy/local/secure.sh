@@ -111,9 +111,11 @@ kafka_secure_up() {
   fi
   kafka_fetch
   mkdir -p "$SK_DIR/logs"
-  sed -e "s#@DATA_DIR@#$SK_DIR/data#" -e "s#@PORT@#$SECURE_KAFKA_PORT#g" \
-      -e "s#@CONTROLLER_PORT@#$SECURE_KAFKA_CONTROLLER_PORT#g" -e "s#@TLS_DIR@#$TLS_DIR#g" \
-      -e "s#@BROKER_PASSWORD@#$(secret kafka_broker)#" \
+  # The broker's password through the environment, not a command line others can list.
+  BROKER_PASSWORD=$(secret kafka_broker) awk -v data="$SK_DIR/data" -v tls="$TLS_DIR" \
+      -v port="$SECURE_KAFKA_PORT" -v cport="$SECURE_KAFKA_CONTROLLER_PORT" \
+      '{gsub("@DATA_DIR@", data); gsub("@TLS_DIR@", tls); gsub("@CONTROLLER_PORT@", cport);
+        gsub("@PORT@", port); gsub("@BROKER_PASSWORD@", ENVIRON["BROKER_PASSWORD"]); print}' \
       "$HERE/kafka/secure-server.properties" >"$SK_DIR/server.properties.new"
   mv "$SK_DIR/server.properties.new" "$SK_DIR/server.properties"
   if [ ! -f "$SK_DIR/data/meta.properties" ]; then
@@ -205,8 +207,10 @@ HBA
     || die "postgres: not answering over TLS on localhost:$SECURE_PG_PORT"
   # The owner runs the migrations (and may create the test tier's databases); the worker's
   # login holds nothing but payauth_worker, made here so the owner needs no CREATEROLE.
-  spsql postgres -v owner_pw="$(secret pg_owner)" -v app_pw="$(secret pg_app)" >/dev/null <<'SQL' \
-    || die "postgres: could not create the roles"
+  # The passwords on psql's standard input, not its command line.
+  spsql postgres >/dev/null <<SQL || die "postgres: could not create the roles"
+\\set owner_pw '$(secret pg_owner)'
+\\set app_pw '$(secret pg_app)'
 SELECT format('CREATE ROLE payauth_owner LOGIN CREATEDB PASSWORD %L', :'owner_pw')
  WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'payauth_owner') \gexec
 SELECT format('ALTER ROLE payauth_owner PASSWORD %L', :'owner_pw') \gexec
