@@ -194,26 +194,41 @@ def _host_ports(text: str) -> list[str]:
     return [item.strip() for item in text.split(",") if item.strip()]
 
 
-# asyncpg's modes that may connect without TLS: "prefer" (its default, when neither the URL
-# nor PGSSLMODE says) retries without TLS when TLS fails and checks no certificate; "allow"
-# tries without TLS first; "disable" never uses it.
-_PLAINTEXT_SSLMODES = {"disable", "allow", "prefer"}
+# asyncpg's modes that fall back to plaintext on their own: "prefer" (its default, when
+# neither the URL nor PGSSLMODE says) retries without TLS when TLS fails and checks no
+# certificate; "allow" tries without TLS first. ("disable" is plaintext by choice.)
+_FALLBACK_SSLMODES = {"allow", "prefer"}
+
+
+def _sslmode(query: dict[str, list[str]]) -> str:
+    return (query.get("sslmode") or [os.environ.get("PGSSLMODE") or "prefer"])[-1]
 
 
 def _check_postgres_tls(hosts: str, query: dict[str, list[str]]) -> None:
     """No connection to another machine that could fall back to plaintext: a host that is
-    not loopback needs sslmode=require, verify-ca or verify-full (asyncpg never retries
-    those without TLS). Loopback and Unix sockets stay as configured (the local stacks)."""
-    mode = (query.get("sslmode") or [os.environ.get("PGSSLMODE") or "prefer"])[-1]
-    if mode not in _PLAINTEXT_SSLMODES:
-        return
+    not loopback needs sslmode=verify-full, verify-ca or require (asyncpg never retries
+    those without TLS), or an explicit sslmode=disable (logged at start). Loopback and Unix
+    sockets stay as configured (the local stacks)."""
+    mode = _sslmode(query)
+    if mode in _FALLBACK_SSLMODES and _remote(hosts, query):
+        raise ValueError(f"sslmode={mode} may fall back to plaintext to a host that is not "
+                         "loopback: use sslmode=verify-full (with sslrootcert=CA file)")
+
+
+def database_plaintext(url: str) -> bool:
+    """The URL connects to another machine without TLS by choice (sslmode=disable)."""
+    parts = urlsplit(url)
+    query = parse_qs(parts.query)
+    return _sslmode(query) == "disable" and _remote(parts.netloc.rpartition("@")[2], query)
+
+
+def _remote(hosts: str, query: dict[str, list[str]]) -> bool:
+    """Some host of the URL (or its ``host`` parameter, or PGHOST) is not loopback."""
     names = [_host_of(item) for item in hosts.split(",")]
     names += [h for value in query.get("host", []) for h in value.split(",")]
     if not any(names):
         names = [os.environ.get("PGHOST", "localhost")]
-    if any(not _loopback(name) for name in names if name):
-        raise ValueError(f"sslmode={mode} may connect without TLS to a host that is not "
-                         "loopback: use sslmode=verify-full (with sslrootcert=CA file)")
+    return any(not _loopback(name) for name in names if name)
 
 
 def _host_of(host_port: str) -> str:

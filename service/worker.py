@@ -29,7 +29,7 @@ from service.adapters.kafka.publisher import Publisher as KafkaPublisher
 from service.adapters.postgres import PostgresStore
 from service.adapters.redis_cache import RedisDedupCache
 from service.adapters.retention import purge_once
-from service.config import Settings
+from service.config import Settings, database_plaintext
 from service.core.dispatcher import Dispatcher
 from service.core.pipeline import BatchProcessor, Topics
 from service.core.plan import Limits
@@ -105,6 +105,10 @@ async def run_worker(settings: Settings, wiring: Wiring | None = None) -> int:
     log.info("worker_starting", group_id=settings.group_id, topic=settings.input_topic,
              instance=settings.instance_id(), metrics_port=http.server_address[1])
 
+    if database_plaintext(settings.database_url.get_secret_value()):
+        log.warning("postgres_without_tls", reason="PAYAUTH_DATABASE_URL says sslmode=disable "
+                    "to a host that is not loopback: card data would cross the network in "
+                    "the clear")
     store = await connect_store(settings, stop, wiring.store_class, health)
     if store is None:
         http.shutdown()

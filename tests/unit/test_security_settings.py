@@ -10,7 +10,7 @@ import pytest
 import structlog
 
 from service.adapters.redis_cache import master_options, sentinel_options
-from service.config import ConfigError, load_settings
+from service.config import ConfigError, database_plaintext, load_settings
 from service.health import Health
 from service.logs import configure_logging
 
@@ -19,7 +19,6 @@ from service.logs import configure_logging
     "postgresql://u:pw@db.internal:5432/payauth",
     "postgresql://u:pw@db.internal:5432/payauth?sslmode=prefer",
     "postgresql://u:pw@db.internal:5432/payauth?sslmode=allow",
-    "postgresql://u:pw@db.internal:5432/payauth?sslmode=disable",
     "postgresql://u:pw@localhost:5432,10.0.0.7:5432/payauth",
     "postgresql://u:pw@[2001:db8::1]:5432/payauth",
     "postgresql://u:pw@/payauth?host=db.internal",
@@ -42,6 +41,16 @@ def test_a_url_that_could_fall_back_to_plaintext_is_refused(url: str) -> None:
 ])
 def test_a_url_that_keeps_tls_or_stays_on_the_host_is_accepted(url: str) -> None:
     assert load_settings(database_url=url).database_url.get_secret_value() == url
+    assert not database_plaintext(url)
+
+
+def test_plaintext_by_choice_is_accepted_and_said() -> None:
+    """sslmode=disable is no fallback (the compose system's one Docker network): accepted,
+    and the worker logs postgres_without_tls at start."""
+    url = "postgresql://u:pw@postgres:5432/payauth?sslmode=disable"
+    load_settings(database_url=url)
+    assert database_plaintext(url)
+    assert not database_plaintext("postgresql://u:pw@localhost/payauth?sslmode=disable")
 
 
 def test_pgsslmode_counts_when_the_url_says_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
