@@ -167,6 +167,10 @@ async def run_worker(settings: Settings, wiring: Wiring | None = None) -> int:
                 log.error("consumer_stopped", error=repr(consumer.fatal))
                 exit_code = 1
                 break
+            if publisher.fatal is not None:
+                log.error("producer_failed", error=str(publisher.fatal))
+                exit_code = 1
+                break
             failure = dispatcher.failed()
             if failure is not None:
                 log.error("partition_task_failed", error=repr(failure))

@@ -16,7 +16,8 @@ import redis
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]  # re-exported
 
-from tests.secure.conftest import STACK, TLS, grant_worker, payauth_as, secrets
+from service.ops.acls import Acl, bindings
+from tests.secure.conftest import SECRETS_FILE, STACK, TLS, grant_worker, payauth_as, secrets
 from tests.support import stack
 from tests.support.factory import auth_message, encode
 from tests.support.workers import wait_caught_up, wait_until
@@ -216,6 +217,70 @@ def test_a_worker_whose_ca_does_not_match_is_refused_not_downgraded(
     wait_until(lambda: "postgres refused" in readyz(worker)[1], 60, "readyz naming postgres")
     assert "SSLCertVerificationError" in readyz(worker)[1]
     assert worker.alive()
+
+
+def test_a_principal_without_acls_waits_at_each_missing_one_and_loses_nothing(
+        env: stack.Env, spawn_worker: Any) -> None:
+    """The second worker principal, given no ACL: first the dead-letter topic's
+    DescribeConfigs is refused (the worker waits at start, not guessing a size limit), then,
+    granted all but Write on the output topic, every batch's publication is refused; once
+    allowed to write, it publishes what it decided, each transaction once, without a
+    restart. (With no Write on any topic, the idempotent producer's InitProducerId would be
+    refused, which librdkafka makes fatal: the worker stops, see the next test.)"""
+    principal = "User:outsider"
+    accounts = seed(env, 2)
+    txns = stream(env, accounts, 10)
+    worker = spawn_worker(env, "outsider", PAYAUTH_KAFKA_SASL_USERNAME="outsider",
+                          PAYAUTH_KAFKA_SASL_PASSWORD=secret_named("kafka_outsider"),
+                          PAYAUTH_KAFKA_LOG_INTERVAL_SECONDS="2",
+                          PAYAUTH_RETRY_BACKOFF_MAX_MS="1000")
+    wait_until(lambda: "kafka dead-letter topic refused" in readyz(worker)[1], 60,
+               "readyz naming the missing DescribeConfigs")
+    assert f"DescribeConfigs on topic {env.dlq_topic}" in readyz(worker)[1]
+
+    allow(principal, [Acl("topic", env.dlq_topic, "DescribeConfigs"),
+                      Acl("topic", env.dlq_topic, "Write"),
+                      Acl("topic", env.input_topic, "Read"), Acl("group", env.group_id, "Read")])
+    wait_until(lambda: "kafka producer refused" in readyz(worker)[1], 90,
+               "readyz naming the refused publication")
+    assert f"(topic {env.output_topic})" in readyz(worker)[1]
+    assert stack.read_topic(env.output_topic) == []
+
+    allow(principal, [Acl("topic", env.output_topic, "Write")])
+    wait_caught_up(env.group_id, env.input_topic, env.partitions)
+    assert ledger_counts(env) == dict.fromkeys(txns, 1)
+    events = stack.events_of(stack.read_topic(env.output_topic, expect=10))
+    assert sorted(e["transaction_id"] for e in events) == sorted(txns)
+    wait_until(lambda: readyz(worker)[0] == 200, 30, "ready once allowed")
+    assert worker.terminate() == 0
+
+
+def test_a_principal_that_may_write_no_topic_stops_the_worker(
+        env: stack.Env, spawn_worker: Any) -> None:
+    """Kafka refuses its idempotent producer a producer id; librdkafka makes that fatal, so
+    the worker stops with exit code 1 (the orchestrator restarts it, with backoff) instead
+    of looking alive with a producer that can never send."""
+    allow("User:outsider", [Acl("topic", env.dlq_topic, "DescribeConfigs"),
+                            Acl("topic", env.input_topic, "Read"),
+                            Acl("group", env.group_id, "Read")])
+    stream(env, seed(env, 1), 3)
+    worker = spawn_worker(env, "no-write", PAYAUTH_KAFKA_SASL_USERNAME="outsider",
+                          PAYAUTH_KAFKA_SASL_PASSWORD=secret_named("kafka_outsider"))
+    assert worker.wait_exit(120) == 1
+    fatal = worker.events("kafka_fatal_error")
+    assert fatal and "authorization" in fatal[0]["error"].lower(), worker.raw_log()[-3000:]
+    assert all(n == 1 for n in ledger_counts(env).values())  # whatever it decided, once
+
+
+def secret_named(name: str) -> str:
+    return next(line.split("=", 1)[1] for line in SECRETS_FILE.read_text().splitlines()
+                if line.startswith(f"{name}="))
+
+
+def allow(principal: str, acls: list[Acl]) -> None:
+    admin = AdminClient(stack.kafka_conf())
+    for future in admin.create_acls(bindings(acls, principal), request_timeout=30).values():
+        future.result()
 
 
 # ------------------------------------------------------------- operator commands

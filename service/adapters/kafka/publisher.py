@@ -80,25 +80,46 @@ class Publisher:
         """A publisher on a producer of the settings' own (``producer_config``); a broker's
         refusal (credentials, certificate, a missing Write) is reported to ``refusals``."""
         conf = producer_config(settings)
-        if refusals is not None:
-            def on_error(err: KafkaError) -> None:
-                if err.code() in AUTHENTICATION_REFUSED:
-                    refusals.refused("kafka connection", err.str())
-            conf["error_cb"] = on_error
-        return cls(Producer(conf), loop, refusals)
+        made: list[Publisher] = []
+
+        def on_error(err: KafkaError) -> None:
+            if err.fatal() and made:
+                made[0].failed_for_good(err)
+            elif refusals is not None and err.code() in AUTHENTICATION_REFUSED:
+                refusals.refused("kafka connection", err.str())
+        conf["error_cb"] = on_error
+        made.append(cls(Producer(conf), loop, refusals))
+        return made[0]
 
     def __init__(self, producer: Producer, loop: asyncio.AbstractEventLoop,
                  refusals: Refusals | None = None) -> None:
         self._producer = producer
         self._loop = loop
         self._refusals = refusals
+        self.fatal: KafkaException | None = None  # set when librdkafka says it is for good
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="kafka-delivery", daemon=True)
         self._thread.start()
 
     def _serve(self) -> None:
         while not self._stopping.is_set():
-            self._producer.poll(0.1)
+            try:
+                self._producer.poll(0.1)
+            except KafkaException as exc:  # confluent-kafka raises a fatal error from poll()
+                error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+                if error is not None and error.fatal():
+                    self.failed_for_good(error)
+                else:
+                    log.warning("producer_poll_failed", error=str(exc)[:300])
+
+    def failed_for_good(self, err: KafkaError) -> None:
+        """librdkafka says the producer is unusable, e.g. InitProducerId refused to a
+        principal that may write no topic: a refusal, and the worker stops (``fatal``)."""
+        if self.fatal is None:
+            log.error("kafka_fatal_error", client="producer", error=err.str())
+            if self._refusals is not None:
+                self._refusals.refused("kafka producer", err.str())
+        self.fatal = KafkaException(err)
 
     async def publish(self, records: Sequence[Record]) -> None:
         """Send every record; return once Kafka acknowledged all of them (``acks=all``), or
