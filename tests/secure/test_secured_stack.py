@@ -132,6 +132,12 @@ def test_a_wrong_password_is_refused_by_each_engine(
     assert status == 503 and "authentication" in body.lower(), body
     assert kafka_worker.alive()
 
+    # And a wrong Redis password: Redis is optional when away, not when it refuses us.
+    redis_worker = spawn_worker(env, "wrong-redis", PAYAUTH_REDIS_URL=wrong_redis)
+    wait_until(lambda: "redis refused" in readyz(redis_worker)[1], 90,
+               "readyz naming Redis's refusal")
+    assert "AuthenticationError" in readyz(redis_worker)[1]
+
 
 def test_the_worker_login_may_not_change_the_ledger(
         env: stack.Env, worker_settings: dict[str, str], spawn_worker: Any) -> None:
