@@ -56,7 +56,11 @@ def _mask_secret_values(_logger: object, _method: str,
         if type(value) is str:
             event[key] = mask_secrets(value)
         elif isinstance(value, list | tuple | dict):
-            event[key] = mask_secrets(str(value)) if _secrets or "://" in str(value) else value
+            # Left as it is (a list stays a list in the JSON) unless a secret is inside.
+            text = str(value)
+            masked = mask_secrets(text)
+            if masked != text:
+                event[key] = masked
     return event
 
 

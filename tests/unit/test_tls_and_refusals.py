@@ -142,11 +142,12 @@ def test_no_secret_reaches_a_log_line(monkeypatch: pytest.MonkeyPatch,
         log.warning("redis_down", error="rediss://worker:redis-S3cret@redis.internal refused",
                     detail=["redis-S3cret"])
         log.warning("other", error="a URL no setting names: redis://:hunter22@elsewhere/0")
+        log.info("partitions_assigned", partitions=[0, 1])  # no secret: left a list
     finally:
         lines = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
         with capsys.disabled():  # the real stderr again, not this test's capture
             configure_logging()
-    assert len(lines) == 4
+    assert len(lines) == 5 and lines[4]["partitions"] == [0, 1]
     text = json.dumps(lines)
     for secret in ("kafka-S3cret", "pg-S3cret", "redis-S3cret", "hunter22"):
         assert secret not in text
