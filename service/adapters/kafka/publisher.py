@@ -42,14 +42,17 @@ class _BatchAck:
         self._too_large = False
         self.future: asyncio.Future[None] = loop.create_future()
 
-    def on_delivery(self, err: KafkaError | None, msg: Message | None) -> None:
+    def on_delivery(self, err: KafkaError | None, msg: Message | None,
+                    topic: str | None = None) -> None:
+        """A delivery report (librdkafka's ``err, msg``), or a record refused before it was
+        queued (no ``msg``: the caller names the ``topic``)."""
         with self._lock:
             if err is not None:
                 self._errors.append(err.str())
                 self._too_large |= err.code() in _SIZE_REFUSALS
                 if err.code() in AUTHORIZATION_REFUSED and not self._refused:
                     self._refused = True
-                    topic = msg.topic() if msg is not None else None
+                    topic = msg.topic() if msg is not None else topic
                     if self._refusals is not None:
                         self._refusals.refused(
                             "kafka producer", f"{err.str()} (topic {topic or '?'})")
@@ -152,7 +155,7 @@ class Publisher:
             except BufferError:
                 await asyncio.sleep(0.01)  # local queue full: let deliveries drain it
             except KafkaException as exc:
-                ack.on_delivery(exc.args[0], None)
+                ack.on_delivery(exc.args[0], None, record.topic)
                 return
 
     async def _produce_batch(self, topic: str, messages: list[dict[str, Any]],
@@ -164,7 +167,7 @@ class Publisher:
                 self._producer.produce_batch(topic, messages, on_delivery=ack.on_delivery)
             except KafkaException as exc:  # refused before any was queued (as produce would)
                 for _ in messages:
-                    ack.on_delivery(exc.args[0], None)
+                    ack.on_delivery(exc.args[0], None, topic)
                 return
             except BufferError:
                 # Documented, though this version reports a full queue per message instead;
@@ -178,7 +181,7 @@ class Publisher:
                 if error.code() == KafkaError._QUEUE_FULL:
                     full.append(message)
                 else:
-                    ack.on_delivery(error, None)
+                    ack.on_delivery(error, None, topic)
             messages = full
             if messages:
                 await asyncio.sleep(0.01)
