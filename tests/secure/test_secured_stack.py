@@ -311,7 +311,7 @@ def test_operator_commands_with_the_worker_or_the_administrator_settings(
 
 
 # ------------------------------------------------------------------ the last test
-def test_no_secret_in_any_log_the_tier_wrote(tier_logs: Path) -> None:
+def test_no_secret_in_any_log_the_tier_wrote(live_stack: None, tier_logs: Path) -> None:
     logs = [p for p in tier_logs.iterdir() if p.is_file()]
     # The engines' own logs too: what they say about our connections.
     logs += [p for p in (STACK / "secure" / "kafka" / "logs").glob("*.log")]
