@@ -17,7 +17,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]  # re-exported
 
 from service.ops.acls import Acl, bindings
-from tests.secure.conftest import SECRETS_FILE, STACK, TLS, grant_worker, payauth_as, secrets
+from tests.secure.conftest import SECRETS_FILE, STACK, grant_worker, payauth_as, secrets
 from tests.support import stack
 from tests.support.factory import auth_message, encode
 from tests.support.workers import wait_caught_up, wait_until
@@ -202,7 +202,8 @@ def test_a_worker_of_a_group_without_acls_waits_named_and_goes_on_once_granted(
 def test_a_worker_whose_ca_does_not_match_is_refused_not_downgraded(
         env: stack.Env, worker_settings: dict[str, str], spawn_worker: Any,
         other_ca: Path) -> None:
-    ca = str(TLS / "ca.pem")
+    ca = worker_settings["PAYAUTH_KAFKA_SSL_CA_LOCATION"]  # the CA every setting names
+    assert all(ca in worker_settings[k] for k in ("PAYAUTH_DATABASE_URL", "PAYAUTH_REDIS_URL"))
     assert kafka_refuses({**stack.kafka_conf(), "ssl.ca.location": str(other_ca)})
 
     pg_url = stack.with_database(worker_settings["PAYAUTH_DATABASE_URL"], env.database)
