@@ -20,6 +20,7 @@ from pathlib import Path
 
 import asyncpg
 import redis
+from confluent_kafka import ElectionType, KafkaException, TopicPartition
 from confluent_kafka.admin import (  # type: ignore[attr-defined]  # re-exported at run time
     AdminClient,
     AlterConfigOpType,
@@ -177,6 +178,11 @@ def _admin() -> AdminClient:
                         "log_level": 0})
 
 
+def kafka_admin() -> AdminClient:
+    """An admin client of the replicated cluster, for a caller that keeps asking."""
+    return _admin()
+
+
 def kafka_leaders(topics: list[str]) -> Counter[int]:
     """How many of ``topics``' partitions each node (1-3) leads."""
     meta = _admin().list_topics(timeout=10)
@@ -186,6 +192,44 @@ def kafka_leaders(topics: list[str]) -> Counter[int]:
             if part.leader > 0:
                 counts[part.leader] += 1
     return counts
+
+
+def kafka_leader_map(topics: list[str], admin: AdminClient | None = None) -> tuple[int, ...]:
+    """The leader of each partition of ``topics``, in a fixed order (-1: none)."""
+    meta = (admin or _admin()).list_topics(timeout=5)
+    return tuple(meta.topics[name].partitions[p].leader
+                 for name in topics for p in sorted(meta.topics[name].partitions))
+
+
+def kafka_controller(admin: AdminClient | None = None) -> int:
+    """The node that is the active KRaft controller now."""
+    return int((admin or _admin()).describe_cluster(request_timeout=5).result().controller.id)
+
+
+def kafka_balanced(topics: list[str]) -> bool:
+    """Every partition of ``topics`` led by its preferred replica (the first assigned)."""
+    meta = _admin().list_topics(timeout=10)
+    return all(p.leader == p.replicas[0]
+               for name in topics for p in meta.topics[name].partitions.values())
+
+
+def kafka_balance(topics: list[str], timeout: float = 60) -> None:
+    """Leadership back on each partition's preferred replica, as Kafka's own imbalance check
+    would do within leader.imbalance.check.interval.seconds: a fault that follows then finds
+    each node leading its third, whatever the faults before it moved."""
+    admin = _admin()  # held until the answer: a client collected before it cancels the call
+    meta = admin.list_topics(timeout=10)
+    partitions = [TopicPartition(name, p) for name in topics for p in meta.topics[name].partitions]
+
+    def elected() -> bool:
+        if kafka_balanced(topics):
+            return True
+        # ELECTION_NOT_NEEDED for a partition already led by its preferred replica: fine
+        with contextlib.suppress(KafkaException):
+            admin.elect_leaders(ElectionType.PREFERRED, partitions,
+                                request_timeout=10).result(timeout=15)
+        return kafka_balanced(topics)
+    _wait("Kafka preferred leaders", elected, timeout)
 
 
 def kafka_in_sync(topics: list[str]) -> bool:
@@ -212,8 +256,10 @@ def kafka_resume(node: int) -> None:
 
 
 def kafka_restart(node: int, topics: list[str]) -> None:
+    """The node back, in sync, and leading its preferred partitions again."""
     _ha_sh("kafka-node-up", str(node))
     kafka_wait_in_sync(topics)
+    kafka_balance(topics)
 
 
 def kafka_wait_in_sync(topics: list[str], timeout: float = 180) -> None:
