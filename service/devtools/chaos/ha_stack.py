@@ -225,9 +225,10 @@ def kafka_balance(topics: list[str], timeout: float = 60) -> None:
         if kafka_balanced(topics):
             return True
         # ELECTION_NOT_NEEDED for a partition already led by its preferred replica: fine
+        # (no request_timeout: confluent-kafka 2.16.1's elect_leaders raises SystemError
+        # on any keyword argument)
         with contextlib.suppress(KafkaException):
-            admin.elect_leaders(ElectionType.PREFERRED, partitions,
-                                request_timeout=10).result(timeout=15)
+            admin.elect_leaders(ElectionType.PREFERRED, partitions).result(timeout=15)
         return kafka_balanced(topics)
     _wait("Kafka preferred leaders", elected, timeout)
 
