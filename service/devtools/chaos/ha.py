@@ -114,7 +114,7 @@ class HaChaos(Chaos):
         return failovers.LeaderWatcher({
             "postgres primary": ha.pg_primary,
             "redis master": ha.redis_master,
-            "kafka controller": lambda: ha.kafka_controller(admin),
+            "kafka controller": ha.kafka_controller,
             "kafka leaders": lambda: ha.kafka_leader_map(topics, admin),
         }, interval=1.0)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -194,16 +195,26 @@ def kafka_leaders(topics: list[str]) -> Counter[int]:
     return counts
 
 
-def kafka_leader_map(topics: list[str], admin: AdminClient | None = None) -> tuple[int, ...]:
+def kafka_leader_map(topics: list[str], admin: AdminClient) -> tuple[int, ...]:
     """The leader of each partition of ``topics``, in a fixed order (-1: none)."""
-    meta = (admin or _admin()).list_topics(timeout=5)
+    meta = admin.list_topics(timeout=5)
     return tuple(meta.topics[name].partitions[p].leader
                  for name in topics for p in sorted(meta.topics[name].partitions))
 
 
-def kafka_controller(admin: AdminClient | None = None) -> int:
-    """The node that is the active KRaft controller now."""
-    return int((admin or _admin()).describe_cluster(request_timeout=5).result().controller.id)
+def kafka_controller() -> int:
+    """The active KRaft controller, as the quorum itself last recorded it: the highest
+    epoch's leader in the nodes' quorum-state files. (Through a broker the client API does
+    not tell: a KRaft broker names a random live broker as "the controller".)"""
+    best = (-1, -1)
+    for node in (1, 2, 3):
+        path = HA_DIR / f"kafka-{node}" / "data" / "__cluster_metadata-0" / "quorum-state"
+        with contextlib.suppress(OSError, ValueError):
+            state = json.loads(path.read_text())
+            best = max(best, (int(state["leaderEpoch"]), int(state["leaderId"])))
+    if best[1] < 0:
+        raise RuntimeError("no Kafka node has elected a controller")
+    return best[1]
 
 
 def kafka_balanced(topics: list[str]) -> bool:
