@@ -13,6 +13,7 @@ which the table reports as a finding, never as a pass.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable
@@ -75,10 +76,18 @@ def attribute(samples: list[tuple[float, Leaders]], spans: list[Span],
     return out
 
 
-def render(failovers: list[Failover], started: float) -> list[str]:
-    """Per engine: the failovers a fault explains and those nobody injected (with when)."""
+def render(failovers: list[Failover], started: float,
+           sampled: list[float] | None = None) -> list[str]:
+    """Per engine: the failovers a fault explains and those nobody injected (with when);
+    with ``sampled`` (the samples' times), how often the watcher looked and its longest
+    blind spell (a failover and its return within one spell are not seen)."""
     engines = sorted(CAUSES)
-    lines = [f"  {'engine':<32}{'injected':>10}{'nobody injected':>17}"]
+    lines = []
+    if sampled:
+        spells = [b - a for a, b in itertools.pairwise(sampled)] or [0.0]
+        lines.append(f"  watcher: {len(sampled)} samples over {sampled[-1] - sampled[0]:.0f} s, "
+                     f"longest between two {max(spells):.1f} s")
+    lines.append(f"  {'engine':<32}{'injected':>10}{'nobody injected':>17}")
     for engine in engines:
         mine = [f for f in failovers if f.engine == engine]
         stray = [f for f in mine if f.cause is None]

@@ -251,7 +251,7 @@ class HaChaos(Chaos):
             lines.append("  (no leader kill in this run)")
         lines += ["", "failovers seen (leader changes; a fault of the engine's kind striking",
                   "or settling explains one, see chaos/failovers.py)", "-" * 60]
-        lines += failovers.render(seen, self.started)
+        lines += failovers.render(seen, self.started, [t for t, _ in self.watcher.samples])
         (self.out / "failovers.txt").write_text("".join(
             f"{f.at:.1f} {f.engine} {f.before} -> {f.after} cause={f.cause}\n" for f in seen))
         return "\n".join(lines)

@@ -52,3 +52,8 @@ def test_render_counts_per_engine_and_names_each_stray_failover() -> None:
                for line in lines)
     assert "kafka leaders 1 partition(s) changed leader at +50 s" in text
     assert lines[-1].split()[-1] == "1"
+
+
+def test_render_says_how_often_the_watcher_looked() -> None:
+    lines = render([], started=0.0, sampled=[0.0, 1.0, 2.0, 9.5])
+    assert lines[0] == "  watcher: 4 samples over 10 s, longest between two 7.5 s"
