@@ -252,6 +252,9 @@ class HaChaos(Chaos):
         lines += ["", "failovers seen (leader changes; a fault of the engine's kind striking",
                   "or settling explains one, see chaos/failovers.py)", "-" * 60]
         lines += failovers.render(seen, self.started, [t for t, _ in self.watcher.samples])
+        lines += ["", "each fault's gap, and the next fault's strike (a gap longer than that",
+                  "counts the next fault too)", "-" * 72]
+        lines += each_gap(self.fault_starts, gaps, self.started)
         (self.out / "failovers.txt").write_text("".join(
             f"{f.at:.1f} {f.engine} {f.before} -> {f.after} cause={f.cause}\n" for f in seen))
         return "\n".join(lines)
@@ -267,6 +270,28 @@ class HaChaos(Chaos):
 
     def cleanup(self, *, keep: bool) -> None:
         super().cleanup(keep=keep and not self.control)  # the control's failure is expected
+
+
+def each_gap(starts: list[tuple[str, float]], gaps: dict[str, list[Gap]],
+             started: float) -> list[str]:
+    """One line per fault in time order: when it struck, its two gaps, and how long until
+    the next fault struck (``gaps`` per kind in the order of ``starts``, as gaps_by_kind)."""
+    nth: dict[str, int] = {}
+    rows = []
+    for kind, start in starts:
+        gap = gaps[kind][nth.get(kind, 0)]
+        nth[kind] = nth.get(kind, 0) + 1
+        rows.append((start, kind, gap))
+    rows.sort(key=lambda row: row[0])
+
+    def seconds(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f}"
+    lines = [f"  {'at (s)':>7}  {'fault kind':<28}{'first':>7}{'all':>7}{'next after':>12}"]
+    for i, (start, kind, gap) in enumerate(rows):
+        following = f"{rows[i + 1][0] - start:.1f}" if i + 1 < len(rows) else "-"
+        lines.append(f"  {start - started:>7.0f}  {kind:<28}{seconds(gap.first_commit):>7}"
+                     f"{seconds(gap.all_partitions):>7}{following:>12}")
+    return lines
 
 
 def read_ha_env(path: Path = HA_ENV) -> dict[str, str]:
