@@ -131,6 +131,7 @@ pg_ha_up() {
       pg_autoctl run --pgdata "$PG_HA_DIR/monitor"
     wait_for monitor 60 listening "$PG_MONITOR_PORT" || die "postgres: monitor not up, see $HA_DIR/pg-monitor.log"
   fi
+  pg_monitor_settings
   pg_node_up 1
   pg_node_up 2
   # The monitor turns synchronous replication on once the secondary has caught up.
@@ -139,11 +140,51 @@ pg_ha_up() {
   step "postgres: a primary and a synchronous secondary ($(pg_sync_names))"
 }
 
+# Failover within seconds (docs/failover.md). The monitor promotes the secondary once the
+# primary both fails its health checks and has not reported for
+# node_considered_unhealthy_timeout: a check each second, a failed one retried twice 500 ms
+# apart (a connection that takes 2 s is a failure), and 3 s of silence, instead of 5 s, 2 s
+# and 20 s. The new primary then takes writes once the old one is demoted or
+# primary_demote_timeout has passed: 5 s, which must outlast the keepers'
+# network_partition_timeout (3 s, see pg_keeper_settings), after which a primary that can
+# reach neither the monitor nor its standby stops taking writes by itself.
+PG_MONITOR_SETTINGS=(
+  "pgautofailover.health_check_period=1000"
+  "pgautofailover.health_check_timeout=2000"
+  "pgautofailover.health_check_max_retries=2"
+  "pgautofailover.health_check_retry_delay=500"
+  "pgautofailover.node_considered_unhealthy_timeout=3000"
+  "pgautofailover.primary_demote_timeout=5000"
+)
+PG_KEEPER_NETWORK_PARTITION_TIMEOUT=3
+
+pg_monitor_settings() { # the GUCs above on the monitor (ALTER SYSTEM: they survive restarts)
+  local setting
+  for setting in "${PG_MONITOR_SETTINGS[@]}"; do
+    psql -X -q -h localhost -p "$PG_MONITOR_PORT" -U postgres -d pg_auto_failover \
+      -c "ALTER SYSTEM SET ${setting%%=*} = '${setting#*=}'" >/dev/null \
+      || die "postgres: could not set ${setting%%=*} on the monitor"
+  done
+  psql -X -q -h localhost -p "$PG_MONITOR_PORT" -U postgres -d pg_auto_failover \
+    -c "SELECT pg_reload_conf()" >/dev/null || die "postgres: the monitor did not reload"
+}
+
+pg_keeper_settings() { # pg_keeper_settings NODE: the keeper's own timeout, then a reload
+  local data="$PG_HA_DIR/node$1"
+  autoctl config set --pgdata "$data" timeout.network_partition_timeout \
+    "$PG_KEEPER_NETWORK_PARTITION_TIMEOUT" >/dev/null \
+    || die "postgres: could not set node $1's network_partition_timeout"
+  autoctl reload --pgdata "$data" >/dev/null 2>&1 || true  # not running yet: read at start
+}
+
 pg_node_up() { # pg_node_up NODE (1-2): create or restart it; waits until it settles
   local port=${PG_NODE_PORTS[$(($1 - 1))]} data="$PG_HA_DIR/node$1"
-  if listening "$port"; then step "postgres: node $1 already on $port"; return 0; fi
+  if listening "$port"; then
+    step "postgres: node $1 already on $port"; pg_keeper_settings "$1"; return 0
+  fi
   step "postgres: starting node $1 on localhost:$port"
   if [ -f "$data/PG_VERSION" ]; then
+    pg_keeper_settings "$1"
     background "$HA_DIR/pg-node$1.log" "${PG_AS[@]}" env PATH="$(pg_bindir):$PATH" \
       pg_autoctl run --pgdata "$data"
   else
@@ -155,6 +196,7 @@ pg_node_up() { # pg_node_up NODE (1-2): create or restart it; waits until it set
   # comes back after a failover rejoins as the secondary (pg_rewind or a new base backup).
   wait_for "node $1" 180 pg_node_settled "$1" \
     || die "postgres: node $1 did not settle, see $HA_DIR/pg-node$1.log"
+  pg_keeper_settings "$1"  # a node just created has its configuration file only now
 }
 
 pg_node_settled() { # the node reports single/primary/secondary; nudges a slow base backup

@@ -56,3 +56,18 @@ def test_ha_sh_has_a_start_command_for_each_node_the_chaos_run_restarts() -> Non
         assert command in HA_SH
     for name in ("kafka-node-up", "pg-node-up", "redis-node-up"):
         assert f'"{name}"' in (ROOT / "service/devtools/chaos/ha_stack.py").read_text()
+
+
+def test_pg_auto_failover_promotes_only_after_a_partitioned_primary_stopped_itself() -> None:
+    """The monitor lets the promoted standby take writes once the old primary is demoted or
+    primary_demote_timeout has passed; a primary cut from the monitor and its standby stops
+    taking writes after the keeper's network_partition_timeout. The first must outlast the
+    second, or a partitioned primary and the promoted standby take writes at once."""
+    monitor = dict(re.findall(r'"pgautofailover\.(\w+)=(\d+)"', HA_SH))
+    partition_s = int(_scalar("PG_KEEPER_NETWORK_PARTITION_TIMEOUT"))
+    assert int(monitor["primary_demote_timeout"]) > partition_s * 1000
+    # a dead primary is noticed within seconds: silent for 3 s, and its checks failed
+    assert int(monitor["node_considered_unhealthy_timeout"]) <= 5_000
+    checks = int(monitor["health_check_period"]) + int(monitor["health_check_max_retries"]) * (
+        int(monitor["health_check_retry_delay"]) + int(monitor["health_check_timeout"]))
+    assert checks <= 7_000

@@ -5,6 +5,7 @@ worker's settings name) and to the service's own settings and durability rules."
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -193,3 +194,52 @@ def test_kustomize_builds_both_the_base_and_the_overlay() -> None:
     config = next(d for d in overlay if d["kind"] == "ConfigMap")
     assert config["data"]["PAYAUTH_REDIS_SENTINEL_MASTER"] == "mymaster"
     assert config["data"]["PAYAUTH_INPUT_TOPIC"] == "payments.authorizations"  # from the base
+
+
+def _local_kafka_settings() -> dict[str, str]:
+    text = (ROOT / "deploy/local/kafka/ha-server.properties").read_text()
+    return dict(line.split("=", 1) for line in text.splitlines()
+                if "=" in line and not line.startswith("#"))
+
+
+def test_the_overlay_fails_over_within_the_budget_the_chaos_run_measured() -> None:
+    """docs/failover.md: the engines' detection settings of the local replicated stack (the
+    ones the HA chaos run measured), the same in the operators' resources wherever the
+    operator lets them be set."""
+    local = _local_kafka_settings()
+    config = _one("Kafka")["spec"]["kafka"]["config"]
+    # Strimzi ignores every `broker.` option: the session timeout cannot be carried over
+    assert not any(key.startswith("broker.") for key in config)
+    for key in ("leader.imbalance.check.interval.seconds",
+                "leader.imbalance.per.broker.percentage"):
+        assert str(config[key]) == local[key], key
+    assert config["auto.leader.rebalance.enable"] is True
+    assert local["auto.leader.rebalance.enable"] == "true"
+
+    cluster = _one("Cluster")["spec"]
+    readiness = cluster["probes"]["readiness"]
+    # a dead primary is noticed within the local monitor's 3 s of silence, give or take a probe
+    assert cluster["failoverDelay"] == 0
+    assert readiness["periodSeconds"] * readiness["failureThreshold"] <= 5
+    assert cluster["switchoverDelay"] <= 60
+
+    ha_sh = (ROOT / "deploy/local/ha.sh").read_text()
+    sentinel = _one("RedisFailover")["spec"]["sentinel"]["customConfig"]
+    local_down = re.search(r"sentinel down-after-milliseconds \$SENTINEL_MASTER (\d+)", ha_sh)
+    assert local_down
+    assert f"down-after-milliseconds {local_down.group(1)}" in sentinel
+
+
+def test_the_workers_client_follows_a_leader_move_within_seconds() -> None:
+    """The librdkafka settings every worker gets (overlay or not): a leader change seen
+    within the periodic refresh, a silent broker given up before the card network's 10 s."""
+    from service.adapters.kafka.config import client_config
+
+    conf = client_config(_worker_settings())
+    assert conf["topic.metadata.refresh.interval.ms"] <= 5_000
+    assert conf["metadata.max.age.ms"] >= 3 * conf["topic.metadata.refresh.interval.ms"]
+    assert conf["socket.timeout.ms"] < 10_000
+    # past the local brokers' fencing of a silent node, so that the leaders have moved
+    assert conf["socket.timeout.ms"] > int(_local_kafka_settings()["broker.session.timeout.ms"])
+    assert conf["reconnect.backoff.max.ms"] <= 1_000
+    assert conf["retry.backoff.max.ms"] <= 1_000

@@ -29,12 +29,27 @@ def client_config(settings: Settings) -> dict[str, Any]:
         "security.protocol": settings.kafka_security_protocol,
         "client.id": f"payauth-{settings.instance_id()}",
         "logger": librdkafka_logger(settings.kafka_log_interval_seconds),
+        # How fast a client follows a failover (docs/failover.md gives each reason and cost).
         # A broker that holds a connection open and answers nothing (paused, blackholed)
         # costs a request this long before the client gives up on it and asks the cluster
-        # again (librdkafka's default, 60 s, stalled partitions a minute in the HA chaos run).
-        "socket.timeout.ms": 10_000,
-        # Back to a broker within a second of its return, not after up to 10 s of backoff.
-        "reconnect.backoff.max.ms": 1_000,
+        # again (librdkafka's default, 60 s, stalled partitions a minute in the HA chaos run;
+        # the brokers fence a silent node after 4 s, so 6 s is past the leaders' move).
+        "socket.timeout.ms": 6_000,
+        # A connection to a host that vanished (no refusal, no answer) given up after 3 s,
+        # not 30 s: the next broker in the list is tried instead.
+        "socket.connection.setup.timeout.ms": 3_000,
+        # Back to a broker within half a second of its return, not after up to 10 s.
+        "reconnect.backoff.ms": 100,
+        "reconnect.backoff.max.ms": 500,
+        # A partition without a usable leader asks for metadata again from 100 ms, doubling
+        # to 500 ms (librdkafka: up to 1 s), until the controller has named the new leader.
+        "retry.backoff.ms": 100,
+        "retry.backoff.max.ms": 500,
+        # A leader change that no error announced (a broker that went quiet) is still seen
+        # within 5 s (librdkafka: 5 minutes); cached metadata is trusted for 15 s at most.
+        # The cost is one small Metadata request per client every 5 s.
+        "topic.metadata.refresh.interval.ms": 5_000,
+        "metadata.max.age.ms": 15_000,
     }
     if settings.kafka_sasl_mechanism:
         conf["sasl.mechanism"] = settings.kafka_sasl_mechanism

@@ -8,9 +8,11 @@ through the Sentinels. Two lanes of seeded faults: the worker faults of ``make c
 - ``postgres_primary_killed``: kill -9 of the primary node (keeper and server); the monitor
   promotes the synchronous secondary; the old primary rejoins as the secondary;
 - ``postgres_switchover``: ``pg_autoctl perform switchover``;
-- ``kafka_leader_killed``: kill -9 of the node leading the most input/output partitions
-  (each node in turn), restarted 5-15 s later;
-- ``kafka_broker_paused``: SIGSTOP of a node for 12 s (past the 9 s broker session
+- ``kafka_leader_killed``: leadership balanced first (each partition on its preferred
+  replica), then kill -9 of a node (each in turn), which takes away the leadership of the
+  input/output partitions it led (the table lists how many, per kill), restarted 5-15 s
+  later;
+- ``kafka_broker_paused``: SIGSTOP of a node for 12 s (past the 4 s broker session
   timeout: the controller fences it and moves its leaders), then SIGCONT;
 - ``kafka_not_enough_replicas``: a node killed, and once it is fenced the output topic's
   ``min.insync.replicas`` raised to 3 for 8-15 s: every result write is refused, past the
@@ -20,9 +22,11 @@ through the Sentinels. Two lanes of seeded faults: the worker faults of ``make c
 - ``kafka_broker_cut``: the workers' proxy to one broker resets every connection and
   refuses new ones for 3-10 s (replication between brokers carries on).
 
-Each fault ends with the engine whole again (replicas in sync), so the next finds a healthy
-cluster. The workers' delivery timeout is 5 s, so that a broker gone outlasts it. The table
-adds each fault kind's gap (see gaps.py) and the workers' batch retries by cause.
+Each fault ends with the engine whole again (replicas in sync, Kafka's leadership on the
+preferred replicas), so the next finds a healthy cluster. The workers' delivery timeout is
+5 s, so that refused writes outlast it. The table adds each fault kind's gap (see gaps.py),
+the workers' batch retries by cause, and the failovers a watcher saw, with those no fault
+explains (see failovers.py).
 
 ``HA_CHAOS_CONTROL=async`` is the negative control: the workers commit with
 ``synchronous_commit=local``, the primary's WAL sender is stopped during a burst, and the
@@ -41,6 +45,7 @@ import contextlib
 import os
 import signal
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -48,7 +53,9 @@ from pydantic import SecretStr
 
 from service.config import Settings, load_settings
 from service.devtools import scratch
+from service.devtools.chaos import failovers
 from service.devtools.chaos import ha_stack as ha
+from service.devtools.chaos.gaps import Gap
 from service.devtools.chaos.generator import seed_accounts
 from service.devtools.chaos.proxy import TcpProxy
 from service.devtools.chaos.run import PARTITIONS, Chaos, Supervisor, log
@@ -65,6 +72,7 @@ class HaChaos(Chaos):
         self.kinds = kinds
         self.control = control
         self.killed_brokers: set[int] = set()
+        self.leader_kills: list[tuple[int, int]] = []  # (node, partitions it led)
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -91,10 +99,29 @@ class HaChaos(Chaos):
             "PAYAUTH_DATABASE_URL": dsn,
             "PAYAUTH_REDIS_SENTINELS": self.settings.redis_sentinels,
             "PAYAUTH_REDIS_SENTINEL_MASTER": self.settings.redis_sentinel_master,
-            # shorter than a broker's fencing (9 s) and the faults: deliveries time out
+            # shorter than the refused writes of kafka_not_enough_replicas: deliveries time out
             "PAYAUTH_DELIVERY_TIMEOUT_MS": "5000",
+            # The group's session outlasts a coordinator's failover (the node fenced after
+            # 4 s, the new coordinator found and loaded): with the 6 s of the single-node
+            # run, every member of the group timed out on a Kafka kill and the group
+            # rebalanced (7 s more). Still shorter than the zombie fault's 12 s stop.
+            "PAYAUTH_SESSION_TIMEOUT_MS": "10000",
         })
         self.supervisor = Supervisor(env, self.out / "workers")
+        self.started = time.time()
+        self.watcher = self.leader_watcher()
+        self.watcher.start()
+
+    def leader_watcher(self) -> failovers.LeaderWatcher:
+        """Who leads each engine, sampled each second (see failovers.py)."""
+        admin = ha.kafka_admin()
+        topics = self.replicated_topics()
+        return failovers.LeaderWatcher({
+            "postgres primary": ha.pg_primary,
+            "redis master": ha.redis_master,
+            "kafka controller": ha.kafka_controller,
+            "kafka leaders": lambda: ha.kafka_leader_map(topics, admin),
+        }, interval=1.0)
 
     def replicated_topics(self) -> list[str]:
         return [self.topics["in"], self.topics["out"]]
@@ -148,15 +175,22 @@ class HaChaos(Chaos):
             ha.pg_restart(primary)
 
     def kafka_leader_killed(self) -> None:
+        """Kill a node that leads partitions now. Leadership is balanced first: left alone it
+        gathers on the nodes that stayed up (a node back leads nothing until Kafka's
+        imbalance check), and a node leading nothing would make this fault a no-op."""
         topics = self.replicated_topics()
+        ha.kafka_balance(topics)
         leaders = ha.kafka_leaders(topics)
         if len(self.killed_brokers) == len(leaders):
             self.killed_brokers.clear()  # each node in turn, then again
         node = max((n for n in leaders if n not in self.killed_brokers), key=leaders.__getitem__)
+        if leaders[node] == 0:  # balancing failed: the busiest node instead
+            node = max(leaders, key=leaders.__getitem__)
         self.killed_brokers.add(node)
         log(f"kafka: killing node {node}, leader of {leaders[node]} partitions")
         ha.kafka_kill(node)
         self.landed("kafka_leader_killed")
+        self.leader_kills.append((node, leaders[node]))
         try:
             time.sleep(self.rng.uniform(5, 15))
         finally:
@@ -190,6 +224,7 @@ class HaChaos(Chaos):
         finally:
             ha.kafka_resume(node)
         ha.kafka_wait_in_sync(self.replicated_topics())
+        ha.kafka_balance(self.replicated_topics())
 
     def redis_master_killed(self) -> None:
         master = ha.redis_master()
@@ -208,6 +243,27 @@ class HaChaos(Chaos):
         finally:
             proxy.restore()
 
+    # ----------------------------------------------------------------- report
+    def table(self, sent: Counter[str], report: object, failed: list[str],
+              gaps: dict[str, list[Gap]]) -> str:
+        """The common table, then the leader kills and the failovers seen."""
+        self.watcher.stop()  # the run is over: nothing more to attribute
+        seen = failovers.attribute(self.watcher.samples, self.fault_spans)
+        lines = [super().table(sent, report, failed, gaps), "",
+                 "kafka_leader_killed: input/output partitions each kill took away", "-" * 44]
+        lines += [f"  node {node:<27}{count:>10}" for node, count in self.leader_kills]
+        if not self.leader_kills:
+            lines.append("  (no leader kill in this run)")
+        lines += ["", "failovers seen (leader changes; a fault of the engine's kind striking",
+                  "or settling explains one, see chaos/failovers.py)", "-" * 60]
+        lines += failovers.render(seen, self.started, [t for t, _ in self.watcher.samples])
+        lines += ["", "each fault's gap, and the next fault's strike (a gap longer than that",
+                  "counts the next fault too)", "-" * 72]
+        lines += each_gap(self.fault_starts, gaps, self.started)
+        (self.out / "failovers.txt").write_text("".join(
+            f"{f.at:.1f} {f.engine} {f.before} -> {f.after} cause={f.cause}\n" for f in seen))
+        return "\n".join(lines)
+
     # ---------------------------------------------------------- heal, cleanup
     def heal_services(self) -> None:
         for proxy in self.broker_proxies:
@@ -219,6 +275,28 @@ class HaChaos(Chaos):
 
     def cleanup(self, *, keep: bool) -> None:
         super().cleanup(keep=keep and not self.control)  # the control's failure is expected
+
+
+def each_gap(starts: list[tuple[str, float]], gaps: dict[str, list[Gap]],
+             started: float) -> list[str]:
+    """One line per fault in time order: when it struck, its two gaps, and how long until
+    the next fault struck (``gaps`` per kind in the order of ``starts``, as gaps_by_kind)."""
+    nth: dict[str, int] = {}
+    rows = []
+    for kind, start in starts:
+        gap = gaps[kind][nth.get(kind, 0)]
+        nth[kind] = nth.get(kind, 0) + 1
+        rows.append((start, kind, gap))
+    rows.sort(key=lambda row: row[0])
+
+    def seconds(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f}"
+    lines = [f"  {'at (s)':>7}  {'fault kind':<28}{'first':>7}{'all':>7}{'next after':>12}"]
+    for i, (start, kind, gap) in enumerate(rows):
+        following = f"{rows[i + 1][0] - start:.1f}" if i + 1 < len(rows) else "-"
+        lines.append(f"  {start - started:>7.0f}  {kind:<28}{seconds(gap.first_commit):>7}"
+                     f"{seconds(gap.all_partitions):>7}{following:>12}")
+    return lines
 
 
 def read_ha_env(path: Path = HA_ENV) -> dict[str, str]:

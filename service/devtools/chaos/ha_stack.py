@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import asyncpg
 import redis
+from confluent_kafka import ElectionType, KafkaException, TopicPartition
 from confluent_kafka.admin import (  # type: ignore[attr-defined]  # re-exported at run time
     AdminClient,
     AlterConfigOpType,
@@ -177,6 +179,11 @@ def _admin() -> AdminClient:
                         "log_level": 0})
 
 
+def kafka_admin() -> AdminClient:
+    """An admin client of the replicated cluster, for a caller that keeps asking."""
+    return _admin()
+
+
 def kafka_leaders(topics: list[str]) -> Counter[int]:
     """How many of ``topics``' partitions each node (1-3) leads."""
     meta = _admin().list_topics(timeout=10)
@@ -186,6 +193,55 @@ def kafka_leaders(topics: list[str]) -> Counter[int]:
             if part.leader > 0:
                 counts[part.leader] += 1
     return counts
+
+
+def kafka_leader_map(topics: list[str], admin: AdminClient) -> tuple[int, ...]:
+    """The leader of each partition of ``topics``, in a fixed order (-1: none)."""
+    meta = admin.list_topics(timeout=5)
+    return tuple(meta.topics[name].partitions[p].leader
+                 for name in topics for p in sorted(meta.topics[name].partitions))
+
+
+def kafka_controller() -> int:
+    """The active KRaft controller, as the quorum itself last recorded it: the highest
+    epoch's leader in the nodes' quorum-state files. (Through a broker the client API does
+    not tell: a KRaft broker names a random live broker as "the controller".)"""
+    best = (-1, -1)
+    for node in (1, 2, 3):
+        path = HA_DIR / f"kafka-{node}" / "data" / "__cluster_metadata-0" / "quorum-state"
+        with contextlib.suppress(OSError, ValueError):
+            state = json.loads(path.read_text())
+            best = max(best, (int(state["leaderEpoch"]), int(state["leaderId"])))
+    if best[1] < 0:
+        raise RuntimeError("no Kafka node has elected a controller")
+    return best[1]
+
+
+def kafka_balanced(topics: list[str]) -> bool:
+    """Every partition of ``topics`` led by its preferred replica (the first assigned)."""
+    meta = _admin().list_topics(timeout=10)
+    return all(p.leader == p.replicas[0]
+               for name in topics for p in meta.topics[name].partitions.values())
+
+
+def kafka_balance(topics: list[str], timeout: float = 60) -> None:
+    """Leadership back on each partition's preferred replica, as Kafka's own imbalance check
+    would do within leader.imbalance.check.interval.seconds: a fault that follows then finds
+    each node leading its third, whatever the faults before it moved."""
+    admin = _admin()  # held until the answer: a client collected before it cancels the call
+    meta = admin.list_topics(timeout=10)
+    partitions = [TopicPartition(name, p) for name in topics for p in meta.topics[name].partitions]
+
+    def elected() -> bool:
+        if kafka_balanced(topics):
+            return True
+        # ELECTION_NOT_NEEDED for a partition already led by its preferred replica: fine
+        # (no request_timeout: confluent-kafka 2.16.1's elect_leaders raises SystemError
+        # on any keyword argument)
+        with contextlib.suppress(KafkaException):
+            admin.elect_leaders(ElectionType.PREFERRED, partitions).result(timeout=15)
+        return kafka_balanced(topics)
+    _wait("Kafka preferred leaders", elected, timeout)
 
 
 def kafka_in_sync(topics: list[str]) -> bool:
@@ -212,8 +268,10 @@ def kafka_resume(node: int) -> None:
 
 
 def kafka_restart(node: int, topics: list[str]) -> None:
+    """The node back, in sync, and leading its preferred partitions again."""
     _ha_sh("kafka-node-up", str(node))
     kafka_wait_in_sync(topics)
+    kafka_balance(topics)
 
 
 def kafka_wait_in_sync(topics: list[str], timeout: float = 180) -> None:

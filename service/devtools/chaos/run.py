@@ -181,6 +181,7 @@ class Chaos:
         self.run = uuid.uuid4().hex[:6]
         self.faults: Counter[str] = Counter()
         self.fault_starts: list[tuple[str, float]] = []
+        self.fault_spans: list[tuple[str, float, float]] = []  # (kind, began, ended)
         self.errors: list[str] = []
         self.stop_faults = threading.Event()
         self.database = f"payauth_chaos_{self.run}"
@@ -367,13 +368,16 @@ class Chaos:
             if self.stop_faults.is_set():
                 return
             log(f"{name}: {kind}")
-            self.fault_starts.append((kind, time.time()))  # see landed()
+            began = time.time()
+            self.fault_starts.append((kind, began))  # see landed()
             try:
                 faults[kind]()
                 self.faults[kind] += 1
             except Exception as exc:
                 self.errors.append(f"fault {kind} failed: {exc!r}")
                 log(f"fault {kind} failed: {traceback.format_exc(limit=2)}")
+            finally:
+                self.fault_spans.append((kind, began, time.time()))
 
     # -------------------------------------------------------------------- run
     def execute(self) -> int:

@@ -52,3 +52,18 @@ def test_gaps_group_by_kind_and_render_median_and_worst() -> None:
     assert kill.split()[1:] == ["2.5", "3.0", "2.5", "3.0"]
     cut = next(line for line in lines if line.strip().startswith("cut"))
     assert ">120" in cut
+
+
+
+def test_each_fault_is_listed_in_time_order_with_the_time_to_the_next() -> None:
+    from service.devtools.chaos.ha import each_gap
+
+    # gaps per kind follow the order of the starts as given (gaps_by_kind's), the listing
+    # the order of time
+    lines = each_gap([("b", 15.0), ("a", 10.0), ("a", 40.0)],
+                     {"a": [Gap(3.0, 4.0), Gap(None, None)], "b": [Gap(30.0, 31.0)]}, 0.0)
+    assert [line.split() for line in lines[1:]] == [
+        ["10", "a", "3.0", "4.0", "5.0"],
+        ["15", "b", "30.0", "31.0", "25.0"],
+        ["40", "a", "-", "-", "-"],
+    ]
