@@ -228,6 +228,13 @@ def _cmd_purge(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_holds_expire(settings: Settings, args: argparse.Namespace) -> int:
+    from service.ops import holds
+
+    print(asyncio.run(holds.expire(settings, execute=args.execute)).render())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="payauth",
@@ -286,6 +293,13 @@ def build_parser() -> argparse.ArgumentParser:
                                       "currency[,status]); never changes an existing balance")
     p.add_argument("file", metavar="FILE.csv")
     p.set_defaults(func=_cmd_accounts_load)
+
+    group = sub.add_parser("holds", help="hold tools").add_subparsers(
+        dest="holds_command", required=True)
+    p = group.add_parser("expire", help="end the holds older than PAYAUTH_HOLD_EXPIRY_HOURS "
+                                        "and publish HoldExpired (dry run by default)")
+    p.add_argument("--execute", action="store_true")
+    p.set_defaults(func=_cmd_holds_expire)
 
     dlq = sub.add_parser("dlq", help="dead-letter topic tools").add_subparsers(
         dest="dlq_command", required=True)

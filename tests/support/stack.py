@@ -27,7 +27,9 @@ ROOT = Path(__file__).resolve().parents[2]
 BOOTSTRAP = os.environ.get("PAYAUTH_KAFKA_BOOTSTRAP_SERVERS", "localhost:9092")
 PG_ADMIN_DSN = os.environ.get("PAYAUTH_TEST_ADMIN_DSN", "postgresql://localhost:5432/postgres")
 REDIS_URL = os.environ.get("PAYAUTH_REDIS_URL", "redis://localhost:6379/0")
-TEMPLATE_DB = "payauth_test_template"
+# Its own name per checkout when several run tests against one PostgreSQL with different
+# migrations (each run drops and re-creates its template).
+TEMPLATE_DB = os.environ.get("PAYAUTH_TEST_TEMPLATE_DB", "payauth_test_template")
 
 
 def port_open(host: str, port: int) -> bool:
