@@ -114,6 +114,11 @@ SELECT result, decline_reason, amount_applied, forced, orphan, mismatch
                          {split("$10", "::bigint[]")}, $11, $12, $13, {split("$14")})
 """
 _CLAIM_LOST_SQLSTATE = "PA409"
+
+
+def statement_for(args: tuple[Any, ...]) -> str:
+    """The batch statement for ``authorize``'s arguments: a lifecycle batch has one more."""
+    return LIFECYCLE_STATEMENT if len(args) == 14 else AUTHORIZE_STATEMENT
 _RESULTS = {r.value: r for r in Result}  # a dict lookup, not an enum call per row
 
 # Receipts for whole batches whose events were acknowledged, and published_at for records
@@ -343,8 +348,7 @@ class PostgresStore:
         its reply after the COMMIT, as a broken connection would.) A lifecycle batch has one
         argument more, its originals, and goes to payauth_lifecycle."""
         async with self._pool.acquire() as conn:
-            return await conn.fetch(LIFECYCLE_STATEMENT if len(args) == 14
-                                    else AUTHORIZE_STATEMENT, *args)
+            return await conn.fetch(statement_for(args), *args)
 
     async def mark_published(self, batch_ids: Sequence[uuid.UUID],
                              txn_ids: Sequence[str]) -> None:
