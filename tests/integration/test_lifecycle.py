@@ -12,7 +12,7 @@ from typing import Any
 from service.adapters.redis_cache import RedisDedupCache
 from tests.support import stack
 from tests.support.factory import auth_message, encode
-from tests.support.workers import wait_caught_up
+from tests.support.workers import payauth, wait_caught_up
 
 
 def _names(*names: str) -> dict[str, str]:
@@ -80,6 +80,11 @@ def _dead_letters(env: stack.Env, expect: int) -> list[tuple[str, str]]:
     return out
 
 
+def _verified(env: stack.Env) -> None:
+    done = payauth(env, "verify")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 def _seed(env: stack.Env, *accounts: tuple[str, str]) -> None:
     asyncio.run(stack.seed_accounts(env.dsn, [(a, b, "EUR") for a, b in accounts]))
 
@@ -108,6 +113,7 @@ def test_partial_reversals_never_release_more_than_remains(env, spawn_worker) ->
     assert applied == {"r1": ("PaymentReversed", "60.00", "60.00", "APPROVED"),
                        "r2": ("PaymentReversed", "60.00", "40.00", "APPROVED"),
                        "r3": ("PaymentReversed", "5.00", "0.00", "APPROVED")}
+    _verified(env)
     assert events[t["r1"]]["original_transaction_id"] == t["hold"]
     assert _ledger(env, acc) == []  # holds and their releases never write the ledger
     m = worker.metrics()
@@ -173,6 +179,7 @@ def test_clearings_over_under_forced_after_a_reversal(env, spawn_worker) -> None
                        "c3": ("PaymentCleared", None, "5.00", True),
                        "c4": ("PaymentCleared", None, "5.00", True),
                        "c5": ("PaymentCleared", t["h3"], "10.00", False)}
+    _verified(env)
 
 
 def test_a_clearing_takes_the_balance_below_zero(env, spawn_worker) -> None:
@@ -182,6 +189,7 @@ def test_a_clearing_takes_the_balance_below_zero(env, spawn_worker) -> None:
     _run(env, spawn_worker, [_msg(t["h"], "AUTHORIZATION", acc, "10.00"),
                              _msg(t["c"], "CLEARING", acc, "25.00", t["h"])])
     assert _balances(env, acc) == (Decimal("-15.00"), 0, Decimal("-15.00"))
+    _verified(env)
 
 
 def test_an_advice_is_placed_past_the_available_balance(env, spawn_worker) -> None:
@@ -199,6 +207,7 @@ def test_an_advice_is_placed_past_the_available_balance(env, spawn_worker) -> No
         ("PaymentAuthorized", "ADVICE")
     assert [events[t[k]]["decline_reason"] for k in ("auth", "buy")] == \
         ["INSUFFICIENT_FUNDS", "INSUFFICIENT_FUNDS"]
+    _verified(env)
 
 
 def test_purchases_are_decided_against_the_available_balance(env, spawn_worker) -> None:
@@ -254,6 +263,7 @@ def test_a_reversal_of_a_purchase_credits_back_what_is_not_yet_reversed(env,
     events = _events(env, expect=4)
     assert [events[t[k]]["amount_applied"] for k in ("r1", "r2", "r3")] == \
         ["50.00", "20.00", "0.00"]
+    _verified(env)
 
 
 def test_mismatched_originals_are_dead_lettered_and_change_nothing(env, spawn_worker) -> None:
@@ -328,3 +338,37 @@ def test_a_redelivery_after_the_dedup_purge_changes_nothing(env, spawn_worker) -
     assert m['payauth_messages_total{outcome="duplicate"}'] == len(messages)
     waiting = stack.fetch(env.dsn, "SELECT state FROM orphan_reversals")
     assert [r["state"] for r in waiting] == ["WAITING"]
+    _verified(env)
+
+
+def test_explain_shows_a_holds_life_and_verify_its_invariants(env, spawn_worker) -> None:
+    t = _names("hold", "orph", "rev", "clr", "acc")
+    acc = t["acc"]
+    _seed(env, (acc, "100.00"))
+    _run(env, spawn_worker, [
+        _msg(t["orph"], "REVERSAL", acc, "5.00", t["hold"]),
+        _msg(t["hold"], "AUTHORIZATION", acc, "50.00"),
+        _msg(t["rev"], "REVERSAL", acc, "15.00", t["hold"]),
+        _msg(t["clr"], "CLEARING", acc, "33.00", t["hold"]),
+    ])
+    life = payauth(env, "explain", t["hold"])
+    assert life.returncode == 0, life.stderr
+    for expected in (f"hold         {t['hold']} AUTHORIZATION 50.00 EUR: CLEARED, 0.00 still",
+                     f"orphan     {t['orph']} REVERSAL 5.00 (came first): APPLIED, released "
+                     "5.00", f"reversal   {t['rev']} 15.00", "released 15.00",
+                     f"clearing   {t['clr']} 33.00", "released 30.00, ended it",
+                     f"CLEARED by {t['clr']}"):
+        assert expected in life.stdout, (expected, life.stdout)
+    clearing = payauth(env, "explain", t["clr"])
+    assert f"original     {t['hold']}; released from its hold 30.00 (ended the hold)" in \
+        clearing.stdout, clearing.stdout
+    assert f"its hold     {t['hold']}" in clearing.stdout
+
+    verified = payauth(env, "verify")
+    assert verified.returncode == 0, verified.stdout
+    assert "PASS  a hold ends at most once" in verified.stdout
+    # The negative control: a release the holds do not account for is found.
+    stack.fetch(env.dsn, "UPDATE accounts SET held = held + 1 WHERE account_id = $1", acc)
+    broken = payauth(env, "verify")
+    assert broken.returncode != 0
+    assert "FAIL  available = balance - held" in broken.stdout and acc in broken.stdout
