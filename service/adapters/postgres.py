@@ -1,5 +1,7 @@
 """The authorization store on PostgreSQL (asyncpg).
 
+Over 400 lines: the Store port's one adapter, its statements beside the calls that send them.
+
 One batch of new authorizations is one statement, one round trip, committed on its own:
 ``SELECT … FROM payauth_authorize(arrays, one element per authorization in offset order)``
 (migrations 004 and 007; each array sent as one joined text, ``pg_columns``); a batch with
@@ -138,6 +140,21 @@ SELECT (SELECT count(*) FROM receipts) AS receipts,
        (SELECT count(*) FROM republished) AS republished
 """
 
+_LIFECYCLE_GAUGES = """
+WITH per AS (SELECT currency::text AS currency, count(*) AS n, sum(remaining) AS amount
+               FROM holds WHERE state = 'ACTIVE' GROUP BY currency)
+SELECT (SELECT coalesce(array_agg(currency), '{}') FROM per) AS currencies,
+       (SELECT coalesce(array_agg(n), '{}') FROM per) AS counts,
+       (SELECT coalesce(array_agg(amount::float8), '{}') FROM per) AS amounts,
+       (SELECT count(*) FROM holds WHERE state = 'ACTIVE'
+           AND placed_at <= now() - $1::numeric * interval '1 hour') AS overdue,
+       (SELECT count(*) FROM holds WHERE state = 'EXPIRED') AS expired,
+       (SELECT count(*) FROM holds WHERE state = 'EXPIRED' AND expiry_published_at IS NULL)
+           AS unpublished,
+       (SELECT count(*) FROM orphan_reversals WHERE state = 'WAITING') AS orphans,
+       (SELECT extract(epoch FROM now() - min(processed_at))::float8
+          FROM processed_transactions) AS oldest_dedup_seconds
+"""
 _RECORD_SIGHTINGS = """INSERT INTO duplicate_sightings (seen_at, cause, layer, partition, txn_ids)
 VALUES ($1, $2, $3, $4, $5::text[])"""
 _REPLAY_MARKS = """SELECT partition, before_offset FROM replay_marks
@@ -361,6 +378,15 @@ class PostgresStore:
                                    datetime.now(UTC))
         except Exception as exc:
             _raise_translated(exc)
+
+    async def lifecycle_gauges(self, expiry_hours: float) -> dict[str, Any]:
+        """What the lifecycle's gauges show (``metrics``): one read-only round trip."""
+        try:
+            async with self._pool.acquire() as conn:
+                row = await conn.fetchrow(_LIFECYCLE_GAUGES, str(expiry_hours))
+        except Exception as exc:
+            _raise_translated(exc)
+        return dict(row) if row else {}
 
     async def count_dedup_records(self) -> int:
         try:
