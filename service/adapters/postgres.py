@@ -411,6 +411,8 @@ async def _prepare_statements(conn: asyncpg.Connection) -> None:
     try:
         await conn.fetch(_LOAD_STORED, "")
         await conn.fetch(AUTHORIZE_STATEMENT, *([""] * 10), datetime.now(UTC), "", uuid.uuid4())
+        await conn.fetch(LIFECYCLE_STATEMENT, *([""] * 10), datetime.now(UTC), "", uuid.uuid4(),
+                         "")
         await conn.execute(_MARK_PUBLISHED, empty, empty, datetime.now(UTC))
     except (asyncpg.UndefinedTableError, asyncpg.UndefinedFunctionError):
         pass  # not migrated yet: the first batch will say so; the connection is still fine

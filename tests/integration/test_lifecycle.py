@@ -327,8 +327,12 @@ def test_a_redelivery_after_the_dedup_purge_changes_nothing(env, spawn_worker) -
     ]
     worker = _run(env, spawn_worker, messages)
     before = (_balances(env, acc), _ledger(env, acc), _hold(env, t["hold"]))
-    # What `payauth purge` does once the retention has passed, and the fast path forgotten.
-    stack.fetch(env.dsn, "DELETE FROM processed_transactions")
+    # The retention passes (decided 100 h ago), `payauth purge` runs, the fast path forgets.
+    stack.fetch(env.dsn, "UPDATE processed_transactions "
+                         "SET processed_at = processed_at - interval '100 hours'")
+    purged = payauth(env, "purge")
+    assert purged.returncode == 0, purged.stderr
+    assert f"deleted {len(messages)} dedup record(s)" in purged.stdout, purged.stdout
     asyncio.run(_forget(env.redis_url, list(t.values())))
     _send_more(env, messages)
     assert (_balances(env, acc), _ledger(env, acc), _hold(env, t["hold"])) == before
@@ -336,6 +340,8 @@ def test_a_redelivery_after_the_dedup_purge_changes_nothing(env, spawn_worker) -
     assert stack.fetch(env.dsn, "SELECT count(*) AS n FROM processed_transactions")[0]["n"] == 0
     m = worker.metrics()
     assert m['payauth_messages_total{outcome="duplicate"}'] == len(messages)
+    shown = payauth(env, "explain", t["rev"])  # still explained, from what the purge keeps
+    assert shown.returncode == 0 and "lifecycle record remains" in shown.stdout, shown.stdout
     waiting = stack.fetch(env.dsn, "SELECT state FROM orphan_reversals")
     assert [r["state"] for r in waiting] == ["WAITING"]
     _verified(env)
