@@ -68,8 +68,10 @@ _CONFIRM_DURABLE = """
 UPDATE durability_barrier SET touched_at = now() WHERE slot = pg_backend_pid() % 16
 """
 
-# Dedup records are purged after the retention window; the ledger is not. A key found only
-# in the ledger (from_ledger) was approved long ago: it is still a duplicate. One round trip.
+# Dedup records are purged after the retention window; the ledger and the lifecycle records
+# (migration 010) are not. A key found only in the ledger (from_ledger) was approved long
+# ago, one found only in lifecycle_messages was decided long ago: still a duplicate. One
+# round trip; the second part probes the purged ones' two tables per key in one pass.
 _LOAD_STORED = f"""
 SELECT p.txn_id, p.fingerprint, p.result, p.decline_reason, p.account_id,
        p.amount::text AS amount_text, p.currency, p.authorization_type, p.correlation_id,
@@ -82,18 +84,16 @@ SELECT p.txn_id, p.fingerprint, p.result, p.decline_reason, p.account_id,
   FROM processed_transactions p
  WHERE p.txn_id = ANY({split("$1")})
 UNION ALL
-SELECT l.txn_id, NULL, 'APPROVED', NULL, l.account_id, abs(l.amount)::text, l.currency,
-       l.type, NULL, l.created_at, NULL, NULL, true, true, NULL, NULL, NULL, NULL
-  FROM ledger_entries l
- WHERE l.txn_id = ANY({split("$1")}) AND l.type IN ('PURCHASE', 'REFUND')
-   AND NOT EXISTS (SELECT 1 FROM processed_transactions p WHERE p.txn_id = l.txn_id)
-UNION ALL
-SELECT m.txn_id, m.fingerprint, m.result, m.decline_reason, m.account_id, m.amount::text,
-       m.currency, m.kind, m.correlation_id, m.processed_at, NULL, NULL, true, false,
+SELECT k.id, m.fingerprint, coalesce(m.result, 'APPROVED'), m.decline_reason,
+       coalesce(m.account_id, l.account_id), coalesce(m.amount, abs(l.amount))::text,
+       coalesce(m.currency, l.currency), coalesce(m.kind, l.type), m.correlation_id,
+       coalesce(m.processed_at, l.created_at), NULL, NULL, true, m.txn_id IS NULL,
        m.original_txn_id, m.amount_applied::text, m.forced, m.orphan
-  FROM lifecycle_messages m
- WHERE m.txn_id = ANY({split("$1")})
-   AND NOT EXISTS (SELECT 1 FROM processed_transactions p WHERE p.txn_id = m.txn_id)
+  FROM unnest({split("$1")}) AS k(id)
+  LEFT JOIN lifecycle_messages m ON m.txn_id = k.id
+  LEFT JOIN ledger_entries l ON l.txn_id = k.id AND l.type IN ('PURCHASE', 'REFUND')
+ WHERE (m.txn_id IS NOT NULL OR l.txn_id IS NOT NULL)
+   AND NOT EXISTS (SELECT 1 FROM processed_transactions p WHERE p.txn_id = k.id)
 """
 
 # Locks, decides and writes the batch, and commits on its own: one round trip
