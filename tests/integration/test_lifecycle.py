@@ -5,6 +5,7 @@ the database (holds, ledger, the balances view) and on the output and dead-lette
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 from decimal import Decimal
 from typing import Any
@@ -370,6 +371,10 @@ def test_explain_shows_a_holds_life_and_verify_its_invariants(env, spawn_worker)
         clearing.stdout, clearing.stdout
     assert f"its hold     {t['hold']}" in clearing.stdout
 
+    # Decided again from their stored inputs, the rule as it is now changes nothing.
+    shadow = payauth(env, "replay", "--shadow", "--to-earliest")
+    assert shadow.returncode == 0, shadow.stdout + shadow.stderr
+    assert re.search(r"decided transactions +4\n +unchanged +4\n", shadow.stdout), shadow.stdout
     verified = payauth(env, "verify")
     assert verified.returncode == 0, verified.stdout
     assert "PASS  a hold ends at most once" in verified.stdout
