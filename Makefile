@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: help venv stack-up stack-down stack-status test-tools migrate run demo test test-unit \
         test-deploy test-integration test-e2e check lint types bench chaos lock clean \
-        ha-up ha-down ha-status ha-chaos ha-smoke
+        ha-up ha-down ha-status ha-chaos ha-smoke image test-containers
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -64,8 +64,9 @@ run: venv ## one worker in the foreground (configure with PAYAUTH_* variables)
 demo: stack-up migrate ## the main job end to end: two workers, duplicates, DLQ, summary, verify
 	@PAYAUTH_LOG_LEVEL=WARNING $(PY) -m service.devtools demo
 
-test: stack-up test-tools ## every test tier (unit, deploy, integration, e2e, a short chaos run)
+test: stack-up test-tools ## every test tier (unit, deploy, integration, e2e, a short chaos run, containers)
 	@$(PY) -m pytest -q tests/unit tests/deploy tests/integration tests/e2e tests/chaos
+	@$(MAKE) --no-print-directory test-containers
 
 test-unit: venv ## unit tests only: pure logic, no I/O, no services, no tools
 	@$(PY) -m pytest -q tests/unit
@@ -75,6 +76,12 @@ test-deploy: venv test-tools ## the deployment artifacts: alert rules (promtool)
 
 test-integration: stack-up ## integration tests (real Kafka, PostgreSQL, Redis)
 	@$(PY) -m pytest -q tests/integration
+
+image: venv ## build payauth:local (docker, else podman, installed if missing; offline: WHEELHOUSE=dir)
+	@PYTHON=$(PY) deploy/image/build.sh
+
+test-containers: stack-up image ## the image's containers: 3 workers in one group, stop/kill, probes, operator commands
+	@$(PY) -m pytest -q tests/containers
 
 test-e2e: stack-up ## end-to-end tests
 	@$(PY) -m pytest -q tests/e2e

@@ -1,4 +1,9 @@
-"""The ``payauth`` command (also ``python -m service``)."""
+"""The ``payauth`` command (also ``python -m service``).
+
+Every answer to a bad flag or an engine that refuses is one line on stderr, never a
+traceback: flags are checked by their argparse types before anything connects, and a
+library error that ends an operator command is named in ``run_command``.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +11,22 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from service.config import ConfigError, Settings, load_settings
 from service.logs import configure_logging
+from service.ops import flags
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage error in one line (the usage itself is behind --help)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 
 
 def _cmd_run(settings: Settings, _args: argparse.Namespace) -> int:
@@ -45,8 +61,6 @@ def _cmd_topics(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
-    from datetime import UTC, datetime
-
     import asyncpg
 
     from service.ops import replay
@@ -99,16 +113,12 @@ def _replay_plans(settings: Settings, args: argparse.Namespace) -> list[Any]:
 
     return replay.build_plan(
         settings,
-        to_datetime=replay.parse_datetime(args.to_datetime) if args.to_datetime else None,
+        to_datetime=args.to_datetime,
         to_earliest=args.to_earliest,
         shift_by=args.shift_by,
         from_offset=args.from_offset,
-        partitions=_partitions(args.partitions),
+        partitions=args.partitions,
     )
-
-
-def _partitions(text: str | None) -> list[int] | None:
-    return [int(p) for p in text.split(",")] if text else None
 
 
 def _shadow_replay(settings: Settings, args: argparse.Namespace) -> int:
@@ -125,13 +135,9 @@ def _shadow_replay(settings: Settings, args: argparse.Namespace) -> int:
               "--shift-by, --from-offset/--to-offset, --transactions (and no --execute: a "
               "shadow replay writes nothing)", file=sys.stderr)
         return 2
+    partitions = args.partitions
     try:
-        partitions = _partitions(args.partitions)
         ids = _transaction_ids(args.transactions) if args.transactions else None
-    except ValueError:
-        print(f"payauth replay --shadow: --partitions {args.partitions!r} is not a list of "
-              "partition numbers", file=sys.stderr)
-        return 2
     except OSError as exc:
         print(f"payauth replay --shadow: cannot read {args.transactions[1:]}: "
               f"{exc.strerror}", file=sys.stderr)
@@ -150,7 +156,7 @@ def _shadow_replay(settings: Settings, args: argparse.Namespace) -> int:
         print(f"payauth replay --shadow: {exc}", file=sys.stderr)
         return 1
     except KafkaException as exc:
-        print(f"payauth replay --shadow: Kafka refused: {exc.args[0].str()}", file=sys.stderr)
+        print(f"payauth replay --shadow: {_engine_refusal(exc)}", file=sys.stderr)
         return 1
     except asyncpg.InsufficientPrivilegeError as exc:
         print(f"payauth replay --shadow: the database role may not do this ({exc}); it needs "
@@ -179,7 +185,7 @@ def _cmd_dlq_redrive(settings: Settings, args: argparse.Namespace) -> int:
 
     letters = redrive.read_dead_letters(
         settings, reason=args.reason, from_offset=args.from_offset, to_offset=args.to_offset,
-        partitions=_partitions(args.partitions),
+        partitions=args.partitions,
     )
     print(redrive.summarize(letters, execute=args.execute))
     if args.execute and letters:
@@ -236,7 +242,7 @@ def _cmd_holds_expire(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="payauth",
         description="Card payment authorization from Kafka, exactly once in effect.",
     )
@@ -246,25 +252,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("migrate", help="apply migrations/*.sql, each once")
-    p.add_argument("--dir", help="migrations directory (default: the packaged one)")
+    p.add_argument("--dir", type=flags.directory,
+                   help="migrations directory (default: the packaged one)")
     p.set_defaults(func=_cmd_migrate)
 
     p = sub.add_parser("verify", help="check the money invariants; exit 0 only if all hold")
     p.set_defaults(func=_cmd_verify)
 
     p = sub.add_parser("topics", help="create the input, output and dead-letter topics")
-    p.add_argument("--partitions", type=int, default=12)
-    p.add_argument("--wait", type=float, default=60, help="seconds to wait for the broker")
+    p.add_argument("--partitions", type=flags.whole(1, "a partition count (1 or more)"),
+                   default=12)
+    p.add_argument("--wait", type=flags.seconds, default=60,
+                   help="seconds to wait for the broker")
     p.set_defaults(func=_cmd_topics)
 
     p = sub.add_parser("replay", help="rewind the group's committed offsets (dry run default); "
                                       "--shadow: what the rule now would change")
-    p.add_argument("--to-datetime", help="ISO 8601; UTC when no zone")
+    p.add_argument("--to-datetime", type=flags.iso_datetime,
+                   help="ISO 8601; UTC when no zone")
     p.add_argument("--to-earliest", action="store_true")
-    p.add_argument("--shift-by", type=int, help="-N: re-read the last N messages per partition")
-    p.add_argument("--from-offset", type=int, help="rewind to this offset in each partition")
-    p.add_argument("--to-offset", type=int, help="with --shadow: the last offset compared")
-    p.add_argument("--partitions", help="comma-separated partition numbers (default: all)")
+    p.add_argument("--shift-by", type=flags.shift,
+                   help="-N: re-read the last N messages per partition")
+    p.add_argument("--from-offset", type=flags.offset,
+                   help="rewind to this offset in each partition")
+    p.add_argument("--to-offset", type=flags.offset,
+                   help="with --shadow: the last offset compared")
+    p.add_argument("--partitions", type=flags.partition_list,
+                   help="comma-separated partition numbers (default: all)")
     p.add_argument("--execute", action="store_true", help="apply the plan")
     p.add_argument("--force", action="store_true",
                    help="allow a target older than the dedup retention window")
@@ -278,8 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_replay)
 
     p = sub.add_parser("purge", help="delete dedup records older than the retention window")
-    p.add_argument("--batch-size", type=int, default=5000)
-    p.add_argument("--pause", type=float, default=0.05, help="seconds between batches")
+    p.add_argument("--batch-size", type=flags.whole(1, "a batch size (1 or more)"),
+                   default=5000)
+    p.add_argument("--pause", type=flags.seconds, default=0.05, help="seconds between batches")
     p.set_defaults(func=_cmd_purge)
 
     p = sub.add_parser("explain", help="one transaction's decision, source, event and ledger "
@@ -304,10 +319,12 @@ def build_parser() -> argparse.ArgumentParser:
     dlq = sub.add_parser("dlq", help="dead-letter topic tools").add_subparsers(
         dest="dlq_command", required=True)
     p = dlq.add_parser("redrive", help="re-publish dead letters to the input topic (dry run)")
-    p.add_argument("--reason", help="only this error.reason, e.g. TOO_LARGE")
-    p.add_argument("--from-offset", type=int)
-    p.add_argument("--to-offset", type=int)
-    p.add_argument("--partitions", help="DLQ partitions, comma-separated")
+    p.add_argument("--reason", type=flags.reason,
+                   help="only this error.reason, e.g. TOO_LARGE")
+    p.add_argument("--from-offset", type=flags.offset)
+    p.add_argument("--to-offset", type=flags.offset)
+    p.add_argument("--partitions", type=flags.partition_list,
+                   help="DLQ partitions, comma-separated")
     p.add_argument("--execute", action="store_true")
     p.set_defaults(func=_cmd_dlq_redrive)
 
@@ -323,8 +340,37 @@ def run_command(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> 
         print(f"{parser.prog}: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.log_format, settings.log_level)
-    result: int = args.func(settings, args)
+    try:
+        result: int = args.func(settings, args)
+    except Exception as exc:
+        refusal = _engine_refusal(exc)
+        if refusal is None:
+            raise
+        command = " ".join(c for c in (args.command, getattr(args, "accounts_command", None),
+                                       getattr(args, "dlq_command", None)) if c)
+        print(f"{parser.prog} {command}: {refusal}", file=sys.stderr)
+        return 1
     return result
+
+
+def _engine_refusal(exc: Exception) -> str | None:
+    """One line for an engine that did not answer or refused; None for anything else (a
+    bug, which keeps its traceback). The libraries' texts name no password."""
+    import asyncpg
+    from confluent_kafka import KafkaError, KafkaException
+
+    if isinstance(exc, asyncpg.PostgresError | asyncpg.InterfaceError):
+        return f"PostgreSQL refused ({type(exc).__name__}: {str(exc)[:300]})"
+    if isinstance(exc, KafkaException):
+        error = exc.args[0] if exc.args else None
+        if not isinstance(error, KafkaError):
+            return f"Kafka refused ({exc})"
+        unreachable = error.code() in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN,
+                                       KafkaError._TIMED_OUT)
+        return f"Kafka {'did not answer' if unreachable else 'refused'} ({error.str()})"
+    if isinstance(exc, OSError | TimeoutError):
+        return f"could not reach an engine ({type(exc).__name__}: {str(exc)[:300]})"
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

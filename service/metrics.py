@@ -1,6 +1,7 @@
 """Every Prometheus metric of the service, defined once, with bounded labels.
 
-Names are part of the external contract (CONTRACT.md): extend, never rename.
+Names are part of the external contract (docs/operations.md, "Watch"; the dashboards and
+alerts query them): extend, never rename.
 """
 
 from __future__ import annotations

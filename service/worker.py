@@ -118,8 +118,8 @@ async def run_worker(settings: Settings, wiring: Wiring | None = None) -> int:
         close_timeout=settings.shutdown_timeout_seconds * 0.8,
         max_in_flight=settings.max_concurrent_batches,
         # A batch alongside another only with this many messages (the smallest share worth
-        # its round trips; on 2 cores 24 cost more CPU than it saved and 64 shared too late),
-        # or a quarter of a full batch when batches are small.
+        # its round trips: docs/benchmark.md, "Design figures"), or a quarter of a full
+        # batch when batches are small.
         overlap_from=min(SHARED_BATCH_MIN, max(1, settings.max_batch_size // 4)),
     )
     consumer = ConsumerThread(settings, Handoff(loop, dispatcher), tracker, health)
@@ -196,11 +196,11 @@ def _tune_garbage_collector() -> None:
     """Keep the cycle collector's pauses out of the latency tail.
 
     A batch allocates thousands of short-lived objects that reference counting frees; with
-    the default thresholds they still triggered, at 7,700 auth/s, 2,400 young and 19 full
-    collections in 70 s, the full ones up to 57 ms each (a stall of every batch in flight).
-    Everything alive after start-up (modules, schemas, connections) is frozen out of the
-    collector's scans, and a collection waits for 20,000 net new container objects: one
-    collection of each kind in the same run, garbage cycles still reclaimed.
+    the default thresholds they still trigger frequent collections, the full ones long
+    enough to stall every batch in flight (docs/benchmark.md, "Design figures"). Everything
+    alive after start-up (modules, schemas, connections) is frozen out of the collector's
+    scans, and a collection waits for 20,000 net new container objects; garbage cycles are
+    still reclaimed.
     """
     gc.collect()
     gc.freeze()

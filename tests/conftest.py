@@ -14,9 +14,11 @@ from tests.support.workers import WorkerProcess
 
 
 @pytest.fixture(scope="session")
-def live_stack() -> None:
+def live_stack() -> Iterator[None]:
     stack.require_stack()
     asyncio.run(stack.ensure_template())
+    yield
+    asyncio.run(stack.drop_template())
 
 
 @pytest.fixture

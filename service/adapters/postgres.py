@@ -223,9 +223,9 @@ class PostgresStore:
                     "idle_in_transaction_session_timeout": str(statement_timeout_ms * 3),
                     # Plan each execution for its own array of keys. A cached generic plan is
                     # chosen once, from the statistics of the moment: made while the tables
-                    # were young, it kept scanning them as they grew (a key lookup went from
-                    # 2 ms to 120 ms within 20,000 rows). Planning costs well under a
-                    # millisecond, a few times per batch.
+                    # were young, it kept scanning them as they grew (a key lookup slowed by
+                    # orders of magnitude within tens of thousands of rows). Planning
+                    # costs little, a few times per batch.
                     "plan_cache_mode": "force_custom_plan",
                 },
             )

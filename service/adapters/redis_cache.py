@@ -65,8 +65,8 @@ return found
 
 class _PackingInC:
     """Commands packed by hiredis (the reply parser already in use), as redis-py's sync
-    connections do; its asyncio connections pack in Python (redis-py issue 4176): 1.6 µs
-    per transaction of a batch's fast-path write (a field and its value), 0.16 in C."""
+    connections do; its asyncio connections pack in Python (redis-py issue 4176), ten times
+    slower for a batch's fast-path write (docs/benchmark.md, "Design figures")."""
 
     _packer = HiredisRespSerializer()
 

@@ -14,22 +14,16 @@ flight only once ``overlap_from`` messages wait for it, or once the batch in fli
 for ``overlap_after`` seconds (one retrying, or slow to be acknowledged, never holds the
 other partitions back for long): overlapping batches of a few messages each cost more CPU
 per message (every batch pays its round trips and its Kafka requests) than they save in
-waiting. (One worker on 2 cores, one run each way, ``overlap_from`` 1 against a quarter of
-a full batch: at 1,500 auth/s, batches of 11 messages became 26, CPU per authorization,
-worker + PostgreSQL, 684 → 486 µs, p99 101 → 74 ms.)
+waiting (docs/benchmark.md, "Design figures": overlapping).
 
 Under a steady load every partition has a few messages waiting, so one batch would take
 them all and the next could start only when it ended: one batch at a time, PostgreSQL and
 Kafka each busy for a part of it, the machine's other core idle. So from twice
 ``overlap_from`` messages waiting, they are shared by partition among the batches that may
-start (``max_in_flight``), in shares of at least ``overlap_from``, and those run at once.
-(One worker on 2 cores, fresh tables, ``overlap_from`` 40 against no sharing and a
-quarter of a full batch: at 4,500 auth/s p99
-182 → 84 ms, p50 65 → 39 ms, the machine's busy cores 1.24 → 1.43, CPU per authorization
-+17 % for the worker, +25 % for PostgreSQL; at 1,500 auth/s, batches of about 15, nothing
-shared and nothing changed. A backlog's batches stay full: its shares are larger than
-``max_batch``. What is left below ``overlap_from`` waits for a batch to end, or for the
-``overlap_after`` recheck.)
+start (``max_in_flight``), in shares of at least ``overlap_from``, and those run at once
+(docs/benchmark.md, "Design figures": sharing). A backlog's batches stay full: its shares
+are larger than ``max_batch``. What is left below ``overlap_from`` waits for a batch to
+end, or for the ``overlap_after`` recheck.
 """
 
 from __future__ import annotations

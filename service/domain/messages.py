@@ -81,8 +81,9 @@ _VARIANT = {digit: "89ab"[int(digit, 16) & 3] for digit in "0123456789abcdef"}
 
 def event_id_for(transaction_id: str) -> str:
     """``str(uuid.uuid5(EVENT_NAMESPACE, transaction_id))``, spelled out on the hex digest
-    (RFC 4122 §4.3: SHA-1 of namespace and name; version digit 5, the RFC's variant): 1.1 µs
-    where the uuid module's objects take 4.2, once per event published."""
+    (RFC 4122 §4.3: SHA-1 of namespace and name; version digit 5, the RFC's variant), a
+    quarter of what the uuid module's objects cost, once per event published
+    (docs/benchmark.md, "Design figures")."""
     h = hashlib.sha1(_NAMESPACE_BYTES + transaction_id.encode()).hexdigest()
     return f"{h[:8]}-{h[8:12]}-5{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:32]}"
 
@@ -219,8 +220,8 @@ def _parse(raw: bytes | None, *, max_bytes: int = 65_536, keyed: bool = False
     bytes got a ``redelivery_key``, so they passed orjson, the repeated-key check and a
     card-data scan that runs whenever this one would: read without a float, the document
     is the strict one and clean. (Read again, not kept from the key: a batch's documents
-    kept across the cache lookup slow a replay of duplicates by about 30 %, and spare new
-    requests nothing measurable.)"""
+    kept across the cache lookup slow a replay of duplicates more than they spare new
+    requests; docs/benchmark.md, "Design figures".)"""
     if raw is None:
         raise InvalidMessage(DeadLetterReason.INVALID_JSON, "empty message (null value)")
     if len(raw) > max_bytes:

@@ -47,15 +47,6 @@ class PartitionPlan:
         return max(0, start - self.target)
 
 
-def parse_datetime(text: str) -> datetime:
-    """ISO 8601; UTC when no zone is given."""
-    try:
-        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise ReplayRefused(f"--to-datetime {text!r} is not an ISO 8601 date-time") from None
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
-
-
 def active_members(settings: Settings) -> list[str]:
     """Hosts (and instance ids) of the group's current members."""
     admin = AdminClient(client_config(settings))

@@ -27,9 +27,8 @@ ROOT = Path(__file__).resolve().parents[2]
 BOOTSTRAP = os.environ.get("PAYAUTH_KAFKA_BOOTSTRAP_SERVERS", "localhost:9092")
 PG_ADMIN_DSN = os.environ.get("PAYAUTH_TEST_ADMIN_DSN", "postgresql://localhost:5432/postgres")
 REDIS_URL = os.environ.get("PAYAUTH_REDIS_URL", "redis://localhost:6379/0")
-# Its own name per checkout when several run tests against one PostgreSQL with different
-# migrations (each run drops and re-creates its template).
-TEMPLATE_DB = os.environ.get("PAYAUTH_TEST_TEMPLATE_DB", "payauth_test_template")
+# One per test session: two sessions on one stack (two checkouts) never drop each other's.
+TEMPLATE_DB = f"payauth_test_template_{os.getpid()}"
 
 
 def port_open(host: str, port: int) -> bool:
@@ -64,6 +63,10 @@ async def ensure_template() -> None:
     finally:
         await conn.close()
     await migrate(dsn_for(TEMPLATE_DB))
+
+
+async def drop_template() -> None:
+    await drop_database(TEMPLATE_DB)
 
 
 async def create_database() -> str:

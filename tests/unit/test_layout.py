@@ -121,3 +121,22 @@ def test_no_module_over_400_lines_without_a_reason_at_its_top() -> None:
         if len(lines) > 400 and not any("Over 400 lines:" in line for line in lines[:20]):
             long.append(f"{name}: {len(lines)} lines")
     assert long == []
+
+
+def test_the_map_names_every_module_and_only_tests_that_exist() -> None:
+    """ARCHITECTURE.md's parts table is how a newcomer finds a file: every module of
+    ``service`` is named in it, and every test file it names exists."""
+    import re
+
+    root = SERVICE.parent
+    text = (root / "ARCHITECTURE.md").read_text()
+    unnamed = [name for name, path in modules().items()
+               if path.name not in ("__init__.py", "__main__.py")
+               and path.parent.parent.name != "devtools"  # bench/, chaos/: named as folders
+               and path.name not in text]
+    assert unnamed == []
+    named_tests = set(re.findall(r"`((?:unit|integration|e2e|deploy)/[\w/]*?test_\w+\.py)`",
+                                 text))
+    assert named_tests, "the map names no test"
+    missing = sorted(t for t in named_tests if not (root / "tests" / t).exists())
+    assert missing == []

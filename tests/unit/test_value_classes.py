@@ -1,7 +1,6 @@
 """The values a batch builds for every message have slots, no instance dict: the worker's CPU
-per authorization depends on it (README, "Smaller values per message": making
-``Authorization`` one took 7 to 10 % off, paired), and a ``cached_property`` cannot live on
-them."""
+per authorization depends on it (docs/benchmark.md, "Design figures"), and a
+``cached_property`` cannot live on them."""
 
 from __future__ import annotations
 

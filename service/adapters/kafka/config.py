@@ -72,10 +72,8 @@ def consumer_config(settings: Settings) -> dict[str, Any]:
         # The broker answers a fetch when it has a megabyte or after this wait: under a
         # steady load a fetch then brings a few milliseconds of messages, not each producer
         # batch on its own (every fetch costs the broker and the worker a request and a
-        # hand-off); a backlog has the megabyte at once and waits for nothing. One worker
-        # at a steady 1,500/s on 2 cores shared with the broker, three runs each way (5 ms):
-        # worker CPU per authorization -10 %, broker -4 %, p99 unchanged; the bare relay's
-        # broker CPU -30 %, its p99 +3 ms.
+        # hand-off); a backlog has the megabyte at once and waits for nothing
+        # (docs/benchmark.md, "Design figures").
         conf["fetch.wait.max.ms"] = settings.kafka_fetch_wait_ms
         conf["fetch.min.bytes"] = 1_000_000
     if settings.group_instance_id:

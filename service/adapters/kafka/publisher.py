@@ -80,7 +80,7 @@ class Publisher:
         raise ``PublishFailed`` if any was refused or timed out. Records without headers
         (the result events) go in one ``produce_batch`` call per topic, in order (a record
         the local queue has no room for is queued again after the others): a call per record
-        cost the worker 0.4 to 1.8 µs more per event (three rounds of 1,000)."""
+        costs the worker more per event (docs/benchmark.md, "Design figures")."""
         if not records:
             return
         ack = _BatchAck(self._loop, len(records))

@@ -1,5 +1,7 @@
-"""An accounts file's balances keep to their currency's minor unit, exactly (the same rule
-as a message's amount, ``money.fits_minor_unit``)."""
+"""``payauth accounts load`` (``service/ops/accounts.py``): an accounts file's balances keep
+to their currency's minor unit, exactly (the same rule as a message's amount,
+``money.fits_minor_unit``), and the command's arguments. Loading: tests/integration/ops/
+test_accounts.py."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from decimal import Decimal
 import pytest
 
 from service.ops.accounts import AccountsFileInvalid, parse
+from tests.support.cli import refusal
 
 
 def test_a_balance_within_its_minor_unit_loads_exactly() -> None:
@@ -23,3 +26,12 @@ def test_a_balance_beyond_its_minor_unit_is_refused_by_line() -> None:
     assert info.value.problems == ["line 2: EUR balances have at most 2 decimals",
                                    "line 3: JPY balances have at most 0 decimals",
                                    "line 4: EUR balances have at most 2 decimals"]
+
+
+def test_no_file_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    line = refusal(capsys, "accounts", "load")
+    assert line.startswith("payauth accounts load: ") and "FILE.csv" in line
+
+
+def test_no_tool_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert refusal(capsys, "accounts").startswith("payauth accounts: ")

@@ -1,12 +1,11 @@
-"""The decision rules' Python model (the oracle the SQL function is held to) and batch
-classification (pure)."""
+"""The decision rules' Python model (``tests/support/oracle.py``), the oracle the SQL
+function payauth_decide is held to in tests/integration/test_authorize_function.py: the
+model itself must say what the contract says."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from decimal import Decimal
 
-from service.domain.dedup import Kind, StoredResult, classify
 from service.domain.messages import Authorization, decode_authorization
 from service.domain.vocabulary import DeclineReason, Result
 from tests.support.factory import auth_message, encode
@@ -58,25 +57,3 @@ def test_batch_decisions_see_the_balance_left_by_earlier_ones() -> None:
     assert [d.result for d in decisions] == [Result.APPROVED, Result.DECLINED, Result.APPROVED,
                                              Result.APPROVED]
     assert sum(d.delta for d in decisions) == Decimal("-70.00")
-
-
-def stored(a: Authorization, result: Result = Result.APPROVED) -> StoredResult:
-    return StoredResult(a.transaction_id, a.fingerprint, result, None, a.account_id,
-                        a.amount_text, a.currency, a.authorization_type.value, None,
-                        datetime.now(UTC), True)
-
-
-def test_classify_stored_duplicate_and_conflict() -> None:
-    first = auth("T1", amount="10.00")
-    same = auth("T1", amount="10.00", message_id="another")
-    other = auth("T1", amount="11.00")
-    out = classify([same, other, auth("T2")], {"T1": stored(first)})
-    assert [c.kind for c in out] == [Kind.DUPLICATE, Kind.CONFLICT, Kind.NEW]
-    assert out[0].previous is not None and out[0].previous.transaction_id == "T1"
-
-
-def test_classify_within_one_batch_first_occurrence_decides() -> None:
-    a, b, c = auth("T1", amount="1.00"), auth("T1", amount="1.00"), auth("T1", amount="2.00")
-    out = classify([a, b, c], {})
-    assert [x.kind for x in out] == [Kind.NEW, Kind.DUPLICATE, Kind.CONFLICT]
-    assert out[1].first_in_batch is a
