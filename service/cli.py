@@ -237,7 +237,12 @@ def _cmd_purge(settings: Settings, args: argparse.Namespace) -> int:
 def _cmd_holds_expire(settings: Settings, args: argparse.Namespace) -> int:
     from service.ops import holds
 
-    print(asyncio.run(holds.expire(settings, execute=args.execute)).render())
+    try:
+        report = asyncio.run(holds.expire(settings, execute=args.execute))
+    except holds.NotPublished as exc:  # the holds ended; their events go with the next run
+        print(f"payauth holds expire: {exc}", file=sys.stderr)
+        return 1
+    print(report.render())
     return 0
 
 
@@ -347,7 +352,8 @@ def run_command(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> 
         if refusal is None:
             raise
         command = " ".join(c for c in (args.command, getattr(args, "accounts_command", None),
-                                       getattr(args, "dlq_command", None)) if c)
+                                       getattr(args, "dlq_command", None),
+                                       getattr(args, "holds_command", None)) if c)
         print(f"{parser.prog} {command}: {refusal}", file=sys.stderr)
         return 1
     return result

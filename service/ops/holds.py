@@ -57,6 +57,10 @@ _MARK = """UPDATE holds SET expiry_published_at = now()
  WHERE txn_id = ANY($1::text[]) AND expiry_published_at IS NULL"""
 
 
+class NotPublished(RuntimeError):
+    """Kafka did not acknowledge every HoldExpired: they stay in the outbox."""
+
+
 @dataclass(frozen=True)
 class ExpiryReport:
     execute: bool
@@ -136,5 +140,5 @@ def _publish(settings: Settings,
                 producer.poll(0.1)
     remaining = producer.flush(60)
     if remaining or failures:
-        raise RuntimeError(f"HoldExpired events not all acknowledged: {remaining} unsent, "
+        raise NotPublished(f"HoldExpired events not all acknowledged: {remaining} unsent, "
                            f"failures {failures[:3]}; the next run publishes them again")
