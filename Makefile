@@ -11,7 +11,8 @@ STAMP := $(VENV)/.installed
 
 .PHONY: help venv stack-up stack-down stack-status test-tools migrate run demo test test-unit \
         test-deploy test-integration test-e2e check lint types bench chaos lock clean \
-        ha-up ha-down ha-status ha-chaos ha-smoke image test-containers
+        ha-up ha-down ha-status ha-chaos ha-smoke image test-containers \
+        secure-up secure-down secure-status secure-smoke
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -54,6 +55,18 @@ ha-smoke: ha-up ## the HA smoke: one failover of each engine under load, then th
 
 ha-status: venv ## the PostgreSQL primary, the Redis master and each topic's partition leaders
 	@PYTHON=$(PY) deploy/local/ha.sh status
+
+secure-up: venv ## the secured stack: TLS everywhere, SCRAM/ACLs; writes .stack/secure.env and .stack/secure-admin.env
+	@PYTHON=$(PY) deploy/local/secure.sh up
+
+secure-down: ## stop what secure-up started (its data stays in .stack/secure/)
+	@deploy/local/secure.sh down
+
+secure-status: ## which secured stack services answer
+	@deploy/local/secure.sh status
+
+secure-smoke: secure-up ## the tier on the secured stack: refusals, least privilege, no secret in any log
+	@PAYAUTH_SECURE_SMOKE=1 $(PY) -m pytest -q tests/secure
 
 migrate: venv ## apply the database migrations
 	@$(PAYAUTH) migrate

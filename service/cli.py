@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from service.config import ConfigError, Settings, load_settings
-from service.logs import configure_logging
+from service.logs import configure_logging, mask_secrets
 from service.ops import flags
 
 
@@ -57,6 +57,25 @@ def _cmd_topics(settings: Settings, args: argparse.Namespace) -> int:
 
     created = ensure_topics(settings, partitions=args.partitions, wait_seconds=args.wait)
     print(f"topics: created {', '.join(created)}" if created else "topics: all present")
+    return 0
+
+
+def _cmd_acls(settings: Settings, args: argparse.Namespace) -> int:
+    from service.ops import acls
+
+    principal = args.principal
+    wanted = acls.worker_acls(settings)
+    mode = "EXECUTE" if args.execute else "dry run (--execute to create)"
+    print(f"acls for {principal} as a worker of group {settings.group_id}: {mode}")
+    for acl in wanted:
+        print(f"  {acl.render(principal)}")
+    if args.execute:
+        try:
+            created = acls.create(settings, wanted, principal)
+        except acls.AclsRefused as exc:
+            print(f"payauth acls: {exc}", file=sys.stderr)
+            return 1
+        print(f"acls: created {created} (existing ones unchanged)")
     return 0
 
 
@@ -236,14 +255,7 @@ def _cmd_purge(settings: Settings, args: argparse.Namespace) -> int:
 
 def _cmd_holds_expire(settings: Settings, args: argparse.Namespace) -> int:
     from service.ops import holds
-
-    try:
-        report = asyncio.run(holds.expire(settings, execute=args.execute))
-    except holds.NotPublished as exc:  # the holds ended; their events go with the next run
-        print(f"payauth holds expire: {exc}", file=sys.stderr)
-        return 1
-    print(report.render())
-    return 0
+    return holds.command(settings, execute=args.execute)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -270,6 +282,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wait", type=flags.seconds, default=60,
                    help="seconds to wait for the broker")
     p.set_defaults(func=_cmd_topics)
+
+    p = sub.add_parser("acls", help="the Kafka ACLs a worker principal needs (dry run); "
+                                    "--execute creates them")
+    p.add_argument("--principal", required=True, metavar="User:NAME", type=flags.principal)
+    p.add_argument("--execute", action="store_true")
+    p.set_defaults(func=_cmd_acls)
 
     p = sub.add_parser("replay", help="rewind the group's committed offsets (dry run default); "
                                       "--shadow: what the rule now would change")
@@ -314,10 +332,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", metavar="FILE.csv")
     p.set_defaults(func=_cmd_accounts_load)
 
-    group = sub.add_parser("holds", help="hold tools").add_subparsers(
-        dest="holds_command", required=True)
-    p = group.add_parser("expire", help="end the holds older than PAYAUTH_HOLD_EXPIRY_HOURS "
-                                        "and publish HoldExpired (dry run by default)")
+    p = sub.add_parser("holds", help="hold tools").add_subparsers(dest="holds_command",
+        required=True).add_parser("expire", help="end holds past the expiry (dry run)")
     p.add_argument("--execute", action="store_true")
     p.set_defaults(func=_cmd_holds_expire)
 
@@ -344,7 +360,7 @@ def run_command(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> 
     except ConfigError as exc:
         print(f"{parser.prog}: {exc}", file=sys.stderr)
         return 2
-    configure_logging(settings.log_format, settings.log_level)
+    configure_logging(settings.log_format, settings.log_level, settings.secret_values())
     try:
         result: int = args.func(settings, args)
     except Exception as exc:
@@ -354,7 +370,7 @@ def run_command(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> 
         command = " ".join(c for c in (args.command, getattr(args, "accounts_command", None),
                                        getattr(args, "dlq_command", None),
                                        getattr(args, "holds_command", None)) if c)
-        print(f"{parser.prog} {command}: {refusal}", file=sys.stderr)
+        print(mask_secrets(f"{parser.prog} {command}: {refusal}"), file=sys.stderr)
         return 1
     return result
 

@@ -5,10 +5,12 @@ A bad value stops start-up with one line naming the variable (see ``load_setting
 
 from __future__ import annotations
 
+import ipaddress
+import os
 import socket
 from decimal import Decimal
 from typing import Literal
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -121,9 +123,11 @@ class Settings(BaseSettings):
         if not url.startswith(("postgresql://", "postgres://")):
             raise ValueError("must start with postgresql://")
         # libpq's form: [user[:password]@]host[:port][,host[:port]…][/database][?…]
-        hosts = urlsplit(url).netloc.rpartition("@")[2]
+        parts = urlsplit(url)
+        hosts = parts.netloc.rpartition("@")[2]
         for host in hosts.split(","):
             _check_port(host.rpartition("]")[2] if host.startswith("[") else host)
+        _check_postgres_tls(parts.netloc.rpartition("@")[2], parse_qs(parts.query))
         return value
 
     @field_validator("redis_url")
@@ -139,6 +143,12 @@ class Settings(BaseSettings):
             database = parts.path.lstrip("/")
             if database and not (database.isascii() and database.isdigit()):
                 raise ValueError("has a database that is not a number (redis://host:port/0)")
+            query = {k: v[-1].lower() for k, v in parse_qs(parts.query).items()}
+            if query.get("ssl_cert_reqs", "required") != "required" or \
+                    query.get("ssl_check_hostname", "true") in ("false", "0", "no"):
+                raise ValueError("turns off the check of the server's certificate "
+                                 "(ssl_cert_reqs, ssl_check_hostname): remove it and give "
+                                 "the CA with ssl_ca_certs")
         return value
 
     @field_validator("redis_sentinels")
@@ -169,10 +179,74 @@ class Settings(BaseSettings):
     def instance_id(self) -> str:
         return self.group_instance_id or socket.gethostname()
 
+    def secret_values(self) -> list[str]:
+        """Every secret the settings hold, for the logs' masking: each secret setting and
+        the passwords inside the URLs (which a library may quote without the URL)."""
+        values = [getattr(self, name).get_secret_value() for name, field in
+                  type(self).model_fields.items() if field.annotation in (SecretStr, "SecretStr")]
+        for url in (self.database_url, self.redis_url):
+            password = urlsplit(url.get_secret_value()).password
+            if password:
+                values += [password, unquote(password)]
+        return [v for v in values if v]
+
 
 def _host_ports(text: str) -> list[str]:
     """The non-empty items of a comma-separated ``host:port`` list."""
     return [item.strip() for item in text.split(",") if item.strip()]
+
+
+# asyncpg's modes that fall back to plaintext on their own: "prefer" (its default, when
+# neither the URL nor PGSSLMODE says) retries without TLS when TLS fails and checks no
+# certificate; "allow" tries without TLS first. ("disable" is plaintext by choice.)
+_FALLBACK_SSLMODES = {"allow", "prefer"}
+
+
+def _sslmode(query: dict[str, list[str]]) -> str:
+    return (query.get("sslmode") or [os.environ.get("PGSSLMODE") or "prefer"])[-1]
+
+
+def _check_postgres_tls(hosts: str, query: dict[str, list[str]]) -> None:
+    """No connection to another machine that could fall back to plaintext: a host that is
+    not loopback needs sslmode=verify-full, verify-ca or require (asyncpg never retries
+    those without TLS), or an explicit sslmode=disable (logged at start). Loopback and Unix
+    sockets stay as configured (the local stacks)."""
+    mode = _sslmode(query)
+    if mode in _FALLBACK_SSLMODES and _remote(hosts, query):
+        raise ValueError(f"sslmode={mode} may fall back to plaintext to a host that is not "
+                         "loopback: use sslmode=verify-full (with sslrootcert=CA file)")
+
+
+def database_plaintext(url: str) -> bool:
+    """The URL connects to another machine without TLS by choice (sslmode=disable)."""
+    parts = urlsplit(url)
+    query = parse_qs(parts.query)
+    return _sslmode(query) == "disable" and _remote(parts.netloc.rpartition("@")[2], query)
+
+
+def _remote(hosts: str, query: dict[str, list[str]]) -> bool:
+    """Some host of the URL (or its ``host`` parameter, or PGHOST) is not loopback."""
+    names = [_host_of(item) for item in hosts.split(",")]
+    names += [h for value in query.get("host", []) for h in value.split(",")]
+    if not any(names):
+        names = [os.environ.get("PGHOST", "localhost")]
+    return any(not _loopback(name) for name in names if name)
+
+
+def _host_of(host_port: str) -> str:
+    """``host`` of ``host[:port]`` or ``[v6][:port]``."""
+    if host_port.startswith("["):
+        return host_port[1:].partition("]")[0]
+    return host_port.rpartition(":")[0] if ":" in host_port else host_port
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost" or host.startswith("/"):  # a Unix socket's directory
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _check_port(host_port: str) -> None:

@@ -4,9 +4,16 @@
   loop or a blocked event loop fails it, and the orchestrator restarts the pod), and some
   Kafka broker was reachable within ``kafka_down_limit`` seconds (a worker that has never
   reached the cluster, e.g. a wrong bootstrap address, says so instead of looking healthy).
-- ``/readyz``: a Kafka broker is reachable, partitions are assigned, PostgreSQL answers, and
-  no partition's oldest unfinished message is older than the stall limit (named in the
-  answer).
+- ``/readyz``: no engine refuses the worker (a bad password, a missing ACL or grant, an
+  untrusted certificate: named in the answer), a Kafka broker is reachable, partitions are
+  assigned, PostgreSQL answers, and no partition's oldest unfinished message is older than
+  the stall limit (named in the answer).
+
+A refusal is not an outage: waiting does not cure it, an operator must act. The adapters
+report one as it happens (``refused``; often only once: librdkafka, for one, says
+GROUP_AUTHORIZATION_FAILED once and then retries in silence) and clear it when the engine
+accepts again (``accepted``); the worker's heartbeat repeats each current refusal in one
+log line per interval (``report_refusals``) until it is cleared.
 """
 
 from __future__ import annotations
@@ -15,8 +22,10 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import structlog
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from service.logs import RateLimitedLog
 from service.metrics import REGISTRY
 
 STALE_AFTER_SECONDS = 30.0
@@ -33,6 +42,34 @@ class Health:
         self.stalled: list[int] = []
         self._kafka_down_since: float | None = None
         self.kafka_down_limit = 120.0
+        # source (e.g. "kafka consumer", "postgres") -> what the engine refused; written from
+        # the consumer and delivery threads and the event loop (one dict operation each).
+        self._refusals: dict[str, str] = {}
+        self._refusal_lines = RateLimitedLog(structlog.get_logger(__name__), 30.0)
+
+    def log_refusals_every(self, seconds: float) -> None:
+        self._refusal_lines = RateLimitedLog(structlog.get_logger(__name__), seconds)
+
+    def refused(self, source: str, reason: str) -> None:
+        """``source`` is refused by its engine for ``reason`` (no secret in it: the adapters
+        pass the engine's error text, which names users, never passwords)."""
+        self._refusals[source] = reason
+        self._refusal_lines.emit(f"refused:{source}", "engine_refused", level="error",
+                                 source=source, reason=reason)
+
+    def accepted(self, source: str) -> None:
+        if self._refusals.pop(source, None) is not None:
+            structlog.get_logger(__name__).info("engine_accepted", source=source)
+
+    @property
+    def refusals(self) -> dict[str, str]:
+        return dict(self._refusals)
+
+    def report_refusals(self) -> None:
+        """One line per current refusal per interval (called by the worker's heartbeat)."""
+        for source, reason in list(self._refusals.items()):
+            self._refusal_lines.emit(f"refused:{source}", "engine_refused", level="error",
+                                     source=source, reason=reason)
 
     def consumer_heartbeat(self) -> None:
         self._consumer_tick = time.monotonic()
@@ -72,6 +109,10 @@ class Health:
         live, why = self.live()
         if not live:
             return False, why
+        refusals = self.refusals
+        if refusals:
+            return False, "; ".join(f"{source} refused: {reason}"
+                                    for source, reason in sorted(refusals.items()))
         if self.kafka_down_for() > 0:
             return False, f"no Kafka broker reachable for {self.kafka_down_for():.0f} s"
         if not self._assigned:

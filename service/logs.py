@@ -1,12 +1,14 @@
 """structlog set-up: JSON lines (or console), context bound per message with contextvars;
-card numbers masked in every line; librdkafka's own log lines routed through it."""
+card numbers and secrets masked in every line; librdkafka's own log lines routed through it."""
 
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
@@ -30,7 +32,44 @@ def _mask_card_numbers(_logger: object, _method: str,
     return event
 
 
-def configure_logging(fmt: str = "json", level: str = "INFO") -> None:
+# user:password@ in any URL a library quotes back (a connection error naming its DSN).
+_URL_PASSWORD = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^:/@\s]*:)[^@\s]+@", re.IGNORECASE)
+_secrets: tuple[str, ...] = ()
+MASK = "***"
+
+
+def mask_secrets(text: str) -> str:
+    """``text`` with every configured secret and every URL's password replaced by ***."""
+    for secret in _secrets:
+        if secret in text:
+            text = text.replace(secret, MASK)
+    if "://" in text:
+        text = _URL_PASSWORD.sub(rf"\1{MASK}@", text)
+    return text
+
+
+def _mask_secret_values(_logger: object, _method: str,
+                        event: structlog.types.EventDict) -> structlog.types.EventDict:
+    """The settings' secrets never leave in a line, whatever field quotes them: error texts
+    of libraries are the likely carriers (their own messages are not ours to word)."""
+    for key, value in event.items():
+        if type(value) is str:
+            event[key] = mask_secrets(value)
+        elif isinstance(value, list | tuple | dict):
+            # Left as it is (a list stays a list in the JSON) unless a secret is inside.
+            text = str(value)
+            masked = mask_secrets(text)
+            if masked != text:
+                event[key] = masked
+    return event
+
+
+def configure_logging(fmt: str = "json", level: str = "INFO",
+                      secrets: Iterable[str] = ()) -> None:
+    """``secrets``: the values no line may show (``Settings.secret_values()``)."""
+    global _secrets
+    # Longest first: a secret that contains another is masked whole.
+    _secrets = tuple(sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True))
     # orjson renders a log line several times faster than json.dumps: with a line per
     # decision, that is a measurable share of the worker's time.
     renderer: structlog.types.Processor = (
@@ -45,6 +84,7 @@ def configure_logging(fmt: str = "json", level: str = "INFO") -> None:
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
             _mask_card_numbers,
+            _mask_secret_values,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level)),
@@ -93,7 +133,7 @@ class _LibrdkafkaHandler(logging.Handler):
         level = "error" if record.levelno >= logging.ERROR else (
             "warning" if record.levelno >= logging.WARNING else "info")
         self._lines.emit(f"{facility}:{level}", "kafka_client_log", level=level,
-                         facility=facility, text=redact(str(text))[:500])
+                         facility=facility, text=mask_secrets(redact(str(text)))[:500])
 
 
 def librdkafka_logger(interval: float = 30.0, level: int = logging.INFO) -> logging.Logger:

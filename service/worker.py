@@ -22,18 +22,18 @@ from typing import Any
 import structlog
 
 from service import metrics
-from service.adapters.kafka.admin import topic_max_message_bytes
+from service.adapters.kafka.admin import TopicConfigRefused, topic_max_message_bytes
 from service.adapters.kafka.config import client_config
 from service.adapters.kafka.consumer import ConsumerThread, Handoff, OffsetTracker
 from service.adapters.kafka.publisher import Publisher as KafkaPublisher
 from service.adapters.postgres import PostgresStore
 from service.adapters.redis_cache import RedisDedupCache
 from service.adapters.retention import purge_once
-from service.config import Settings
+from service.config import Settings, database_plaintext
 from service.core.dispatcher import Dispatcher
 from service.core.pipeline import BatchProcessor, Topics
 from service.core.plan import Limits
-from service.core.ports import Cache, Publisher, Store, StoreUnavailable
+from service.core.ports import Cache, Publisher, Store, StoreRefused, StoreUnavailable
 from service.health import Health, serve_http
 
 log = structlog.get_logger(__name__)
@@ -57,19 +57,32 @@ class Wiring:
 
 
 async def connect_store(
-    settings: Settings, stop: asyncio.Event, store_class: type[PostgresStore] = PostgresStore
+    settings: Settings, stop: asyncio.Event, store_class: type[PostgresStore] = PostgresStore,
+    health: Health | None = None,
 ) -> PostgresStore | None:
-    """Connect to PostgreSQL, retrying with backoff while it is down (None if stopped)."""
+    """Connect to PostgreSQL, retrying with backoff while it is down or refuses us (None if
+    stopped); a refusal is reported to ``health`` (``/readyz`` names it)."""
     delay = settings.retry_backoff_initial_ms / 1000
     while not stop.is_set():
         try:
-            return await store_class.connect(
+            store = await store_class.connect(
                 settings.database_url.get_secret_value(),
                 min_size=settings.db_pool_min,
                 max_size=settings.db_pool_max,
                 statement_timeout_ms=settings.statement_timeout_ms,
                 lock_timeout_ms=settings.lock_timeout_ms,
             )
+            if health is not None:
+                health.accepted("postgres")
+            return store
+        except StoreRefused as exc:
+            if health is not None:
+                health.refused("postgres", str(exc)[:300])
+            else:
+                log.warning("postgres_refused_at_start", error=str(exc)[:300])
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay)
+            delay = min(delay * 2, settings.retry_backoff_max_ms / 1000)
         except StoreUnavailable as exc:
             log.warning("postgres_unavailable_at_start", error=str(exc)[:300], retry_in_s=delay)
             with contextlib.suppress(TimeoutError):
@@ -87,18 +100,28 @@ async def run_worker(settings: Settings, wiring: Wiring | None = None) -> int:
 
     health = Health()
     health.kafka_down_limit = settings.stalled_partition_seconds
+    health.log_refusals_every(settings.kafka_log_interval_seconds)
     http = serve_http(settings.metrics_port, health)
     log.info("worker_starting", group_id=settings.group_id, topic=settings.input_topic,
              instance=settings.instance_id(), metrics_port=http.server_address[1])
 
-    store = await connect_store(settings, stop, wiring.store_class)
+    if database_plaintext(settings.database_url.get_secret_value()):
+        log.warning("postgres_without_tls", reason="PAYAUTH_DATABASE_URL says sslmode=disable "
+                    "to a host that is not loopback: card data would cross the network in "
+                    "the clear")
+    store = await connect_store(settings, stop, wiring.store_class, health)
     if store is None:
         http.shutdown()
         return 0
     health.postgres_ok = True
-    cache = _redis_cache(settings)
+    dead_letter_max_bytes = await _dead_letter_limit(settings, health, stop)
+    if dead_letter_max_bytes is None:  # stopped while the broker refused
+        await store.close()
+        http.shutdown()
+        return 0
+    cache = _redis_cache(settings, health)
     metrics.redis_up.set(1 if await cache.ping() else 0)
-    publisher = KafkaPublisher.for_settings(settings, loop)
+    publisher = KafkaPublisher.for_settings(settings, loop, health)
     tracker = OffsetTracker()
     wrapped_cache = wiring.wrap_cache(cache)  # the store's wrapper gets the plain one
     processor = BatchProcessor(
@@ -107,7 +130,7 @@ async def run_worker(settings: Settings, wiring: Wiring | None = None) -> int:
         Topics(output=settings.output_topic, dlq=settings.dlq_topic),
         limits=Limits(max_message_bytes=settings.max_message_bytes,
                       max_refund=settings.max_refund_amount),
-        dead_letter_max_bytes=await loop.run_in_executor(None, _dead_letter_limit, settings),
+        dead_letter_max_bytes=dead_letter_max_bytes,
         backoff_initial=settings.retry_backoff_initial_ms / 1000,
         backoff_max=settings.retry_backoff_max_ms / 1000,
     )
@@ -144,6 +167,10 @@ async def run_worker(settings: Settings, wiring: Wiring | None = None) -> int:
                 log.error("consumer_stopped", error=repr(consumer.fatal))
                 exit_code = 1
                 break
+            if publisher.fatal is not None:
+                log.error("producer_failed", error=str(publisher.fatal))
+                exit_code = 1
+                break
             failure = dispatcher.failed()
             if failure is not None:
                 log.error("partition_task_failed", error=repr(failure))
@@ -178,7 +205,7 @@ async def run_worker(settings: Settings, wiring: Wiring | None = None) -> int:
     return exit_code
 
 
-def _redis_cache(settings: Settings) -> RedisDedupCache:
+def _redis_cache(settings: Settings, health: Health) -> RedisDedupCache:
     """The fast path: one Redis by URL, or the master that Sentinels name."""
     if settings.redis_sentinels.strip():
         return RedisDedupCache.from_sentinels(
@@ -186,10 +213,11 @@ def _redis_cache(settings: Settings) -> RedisDedupCache:
             settings.redis_url.get_secret_value(),
             sentinel_password=settings.redis_sentinel_password.get_secret_value(),
             ttl_seconds=settings.dedup_ttl_seconds,
-            timeout_seconds=settings.redis_timeout_seconds)
+            timeout_seconds=settings.redis_timeout_seconds, refusals=health)
     return RedisDedupCache.from_url(settings.redis_url.get_secret_value(),
                                     ttl_seconds=settings.dedup_ttl_seconds,
-                                    timeout_seconds=settings.redis_timeout_seconds)
+                                    timeout_seconds=settings.redis_timeout_seconds,
+                                    refusals=health)
 
 
 def _tune_garbage_collector() -> None:
@@ -207,10 +235,32 @@ def _tune_garbage_collector() -> None:
     gc.set_threshold(20_000, 10, 10)
 
 
-def _dead_letter_limit(settings: Settings) -> int:
+async def _dead_letter_limit(settings: Settings, health: Health,
+                             stop: asyncio.Event) -> int | None:
     """The largest dead-letter record Kafka takes: the producer's ``message.max.bytes`` or the
-    dead-letter topic's ``max.message.bytes``, whichever is lower (stated in the log)."""
-    topic_limit = topic_max_message_bytes(client_config(settings), settings.dlq_topic)
+    dead-letter topic's ``max.message.bytes``, whichever is lower (stated in the log).
+
+    A broker that refuses to describe the topic (no DescribeConfigs ACL) is a deployment
+    error: the worker waits, not ready and saying why, and goes on once the ACL exists
+    (None: stopped meanwhile). A broker that is away costs only the topic's limit."""
+    loop = asyncio.get_running_loop()
+    delay = settings.retry_backoff_initial_ms / 1000
+    while not stop.is_set():
+        try:
+            topic_limit = await loop.run_in_executor(
+                None, topic_max_message_bytes, client_config(settings), settings.dlq_topic)
+        except TopicConfigRefused as exc:
+            health.refused("kafka dead-letter topic", str(exc))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay)
+            delay = min(delay * 2, settings.retry_backoff_max_ms / 1000)
+            continue
+        health.accepted("kafka dead-letter topic")
+        return _log_size_limits(settings, topic_limit)
+    return None
+
+
+def _log_size_limits(settings: Settings, topic_limit: int | None) -> int:
     limits = [settings.kafka_message_max_bytes] + ([topic_limit] if topic_limit else [])
     log.info("kafka_size_limits", producer_message_max_bytes=settings.kafka_message_max_bytes,
              dlq_topic_max_message_bytes=topic_limit, dead_letter_max_bytes=min(limits),
@@ -226,12 +276,15 @@ async def _heartbeat(
     and ``payauth_redis_up`` current even while no message flows."""
     while True:
         health.loop_heartbeat()
+        health.report_refusals()
         ages = {tp[1]: age for tp, age in dispatcher.oldest_unfinished().items()}
         for _topic, partition in health.assigned:
             metrics.oldest_unfinished_seconds.labels(str(partition)).set(
                 round(ages.get(partition, 0.0), 1))
         health.stalled = [p for p, age in ages.items() if age > stall_seconds]
         health.postgres_ok = processor.store_ok and await store.ping()
+        if health.postgres_ok:
+            health.accepted("postgres")
         metrics.redis_up.set(1 if await cache.ping() else 0)
         await asyncio.sleep(2)
 

@@ -1,6 +1,7 @@
 """The authorization store on PostgreSQL (asyncpg).
 
-Over 400 lines: the Store port's one adapter, its statements beside the calls that send them.
+Over 400 lines: the store's statements, the translation of its errors and the methods that
+run them are one adapter, each part read against the others.
 
 One batch of new authorizations is one statement, one round trip, committed on its own:
 ``SELECT … FROM payauth_authorize(arrays, one element per authorization in offset order)``
@@ -31,6 +32,7 @@ records and sees duplicates.
 
 from __future__ import annotations
 
+import ssl
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -40,6 +42,7 @@ import asyncpg
 
 from service.adapters.pg_columns import joined, split
 from service.adapters.pg_records import lifecycle_result, stored_from_ledger, stored_from_row
+from service.core import ports
 from service.core.ports import ClaimLost, DataRejected, Sighting, StoreUnavailable, TransientError
 from service.domain.dedup import StoredResult
 from service.domain.messages import Authorization
@@ -62,6 +65,11 @@ _UNAVAILABLE = (
     # (seen during PostgreSQL restarts): a fresh connection is the cure, not a stop.
     asyncpg.InternalClientError,
 )
+
+# Refused: this login (class 28: a bad password, no pg_hba line), a grant, or the server's
+# certificate (ssl.SSLError is an OSError: checked before _UNAVAILABLE).
+_REFUSED = (asyncpg.InvalidAuthorizationSpecificationError, asyncpg.InsufficientPrivilegeError,
+            ssl.SSLError)
 
 # A write, so that its COMMIT waits for the synchronous standby (load_stored, migration 008).
 _CONFIRM_DURABLE = """
@@ -171,6 +179,8 @@ def translate(exc: BaseException) -> BaseException:
         return ClaimLost(f"unique violation on {exc.constraint_name}: another replica won")
     if isinstance(exc, _RETRYABLE):
         return TransientError(f"{type(exc).__name__}: retry")
+    if isinstance(exc, _REFUSED):
+        return ports.StoreRefused(f"PostgreSQL refused: {type(exc).__name__}: {str(exc)[:200]}")
     if isinstance(exc, _UNAVAILABLE):
         return StoreUnavailable(f"PostgreSQL unavailable: {type(exc).__name__}: {exc}")
     if isinstance(exc, asyncpg.IntegrityConstraintViolationError | asyncpg.DataError):

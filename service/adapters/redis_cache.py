@@ -22,17 +22,20 @@ on without it, and it is tried again after a short pause rather than on every ba
 
 from __future__ import annotations
 
+import ssl
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 import redis.asyncio as aioredis
 import structlog
 from redis.asyncio.sentinel import Sentinel
 from redis.connection import HiredisRespSerializer
-from redis.exceptions import RedisError
+from redis.exceptions import AuthenticationError, NoPermissionError, RedisError
 from redis.utils import HIREDIS_AVAILABLE
+
+from service.core.ports import Refusals
 
 log = structlog.get_logger(__name__)
 
@@ -84,14 +87,56 @@ def packing_in_c(client: aioredis.Redis) -> aioredis.Redis:
     return client
 
 
+# The TLS settings a rediss:// URL may carry in its query (redis-py's own names).
+TLS_OPTIONS = ("ssl_ca_certs", "ssl_ca_path", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs",
+               "ssl_check_hostname")
+
+
+def tls_options(url: str) -> dict[str, Any]:
+    """``ssl`` and the TLS settings of a ``rediss://`` URL's query (the CA to verify the
+    server with, the client's certificate and key), as redis-py's keyword arguments; empty
+    for ``redis://``. ``Settings`` refused the ones that would skip verification."""
+    parts = urlsplit(url)
+    if parts.scheme != "rediss":
+        return {}
+    options: dict[str, Any] = {"ssl": True}
+    for name, value in parse_qsl(parts.query):
+        if name in TLS_OPTIONS:
+            options[name] = value
+    if "ssl_check_hostname" in options:
+        options["ssl_check_hostname"] = options["ssl_check_hostname"].lower() in (
+            "1", "true", "yes")
+    return options
+
+
 def master_options(url: str) -> dict[str, Any]:
     """What a client of the master the Sentinels name takes from ``PAYAUTH_REDIS_URL`` (its
-    host and port are the Sentinels' to give): user, password, database, TLS."""
+    host and port are the Sentinels' to give): user, password, database, TLS (its CA and
+    client certificate too)."""
     parts = urlsplit(url)
     return {"username": unquote(parts.username) if parts.username else None,
             "password": unquote(parts.password) if parts.password else None,
             "db": int(parts.path.lstrip("/") or 0),  # a number: Settings checked it
-            "ssl": parts.scheme == "rediss"}
+            "ssl": False, **tls_options(url)}
+
+
+def sentinel_options(url: str, password: str, timeout_seconds: float) -> dict[str, Any]:
+    """The Sentinels' own connections: their password, the timeouts, and the URL's TLS
+    settings (a TLS deployment runs its Sentinels over TLS with the same CA: redis-py copies
+    nothing of the master's settings to them)."""
+    return {"password": password or None, "socket_timeout": timeout_seconds,
+            "socket_connect_timeout": timeout_seconds, **tls_options(url)}
+
+
+def _refusal(exc: BaseException) -> bool:
+    """Redis refused us (a bad password, a missing ACL, a failed TLS handshake), as opposed
+    to being away. redis-py wraps the TLS error in a ConnectionError: look down the chain."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, AuthenticationError | NoPermissionError | ssl.SSLError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 class RedisDedupCache:
@@ -102,8 +147,10 @@ class RedisDedupCache:
         ttl_seconds: int,
         retry_after_seconds: float = 2.0,
         clock: Callable[[], float] = time.time,
+        refusals: Refusals | None = None,
     ) -> None:
         self._client = client
+        self._refusals = refusals
         self._ttl = ttl_seconds
         self._width = max(1, ttl_seconds // 4)
         self._retry_after = retry_after_seconds
@@ -112,7 +159,8 @@ class RedisDedupCache:
         self._lookup = client.register_script(_LOOKUP)
 
     @classmethod
-    def from_url(cls, url: str, *, ttl_seconds: int, timeout_seconds: float) -> RedisDedupCache:
+    def from_url(cls, url: str, *, ttl_seconds: int, timeout_seconds: float,
+                 refusals: Refusals | None = None) -> RedisDedupCache:
         client = aioredis.Redis.from_url(
             url,
             socket_timeout=timeout_seconds,
@@ -120,25 +168,25 @@ class RedisDedupCache:
             decode_responses=True,
             health_check_interval=30,
         )
-        return cls(packing_in_c(client), ttl_seconds=ttl_seconds)
+        return cls(packing_in_c(client), ttl_seconds=ttl_seconds, refusals=refusals)
 
     @classmethod
     def from_sentinels(cls, sentinels: list[tuple[str, int]], master: str, url: str, *,
                        sentinel_password: str, ttl_seconds: int,
-                       timeout_seconds: float) -> RedisDedupCache:
+                       timeout_seconds: float,
+                       refusals: Refusals | None = None) -> RedisDedupCache:
         """The master the Sentinels name, found again after a failover: redis-py's
         Sentinel connection pool asks them on every new connection, and a connection to a
-        demoted master fails and is replaced. Password and database from ``url``."""
+        demoted master fails and is replaced. User, password, database and TLS settings
+        from ``url``; the TLS settings go to the Sentinels' connections too."""
         sentinel = Sentinel(  # type: ignore[no-untyped-call]  # redis-py leaves it bare
             sentinels, socket_timeout=timeout_seconds,
-            sentinel_kwargs={"password": sentinel_password or None,
-                             "socket_timeout": timeout_seconds,
-                             "socket_connect_timeout": timeout_seconds},
+            sentinel_kwargs=sentinel_options(url, sentinel_password, timeout_seconds),
         )
         client = sentinel.master_for(
             master, socket_timeout=timeout_seconds, socket_connect_timeout=timeout_seconds,
             decode_responses=True, health_check_interval=30, **master_options(url))
-        return cls(packing_in_c(client), ttl_seconds=ttl_seconds)
+        return cls(packing_in_c(client), ttl_seconds=ttl_seconds, refusals=refusals)
 
     # ----------------------------------------------------------------- layout
     def bucket_key(self, index: int) -> str:
@@ -164,10 +212,14 @@ class RedisDedupCache:
         if self._down_since is None:
             log.warning("redis_down", error=f"{type(exc).__name__}: {exc}")
         self._down_since = time.monotonic()
+        if self._refusals is not None and _refusal(exc):
+            self._refusals.refused("redis", f"{type(exc).__name__}: {str(exc)[:200]}")
 
     def _mark_up(self) -> None:
         if self._down_since is not None:
             log.info("redis_up")
+            if self._refusals is not None:
+                self._refusals.accepted("redis")
         self._down_since = None
 
     # ------------------------------------------------------------- operations

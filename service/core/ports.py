@@ -57,6 +57,12 @@ class StoreUnavailable(TransientError):
     """PostgreSQL cannot be reached or refused the work for a reason that may pass."""
 
 
+class StoreRefused(StoreUnavailable):
+    """PostgreSQL refused the worker itself: a bad password, no TLS or no ``pg_hba`` line for
+    it, an untrusted server certificate, a missing grant. Retried like an outage, but
+    reported as a refusal (``/readyz`` names it): waiting will not cure it."""
+
+
 class PublishFailed(TransientError):
     """A result or dead-letter record was not acknowledged by Kafka. ``too_large``: Kafka
     refused a record for its size, which the same record would meet again (the caller
@@ -76,6 +82,14 @@ class DataRejected(Exception):
 
     Not transient: retrying the same batch fails the same way. The caller isolates the
     message(s) responsible and dead-letters them."""
+
+
+class Refusals(Protocol):
+    """Where an adapter reports that its engine refuses the worker (``/readyz`` names it)
+    and that it accepts it again; ``source`` names the connection (``"redis"``...)."""
+
+    def refused(self, source: str, reason: str) -> None: ...
+    def accepted(self, source: str) -> None: ...
 
 
 class Store(Protocol):

@@ -76,3 +76,12 @@ def directory(text: str) -> str:
 
 
 offset = whole(0, "an offset (0 or more)")
+
+
+def principal(text: str) -> str:
+    """A Kafka principal, ``User:NAME``: anything else is refused before the cluster is
+    asked."""
+    kind, colon, name = text.partition(":")
+    if not colon or kind != "User" or not name:
+        raise argparse.ArgumentTypeError(f"a principal is User:NAME, not {text!r}")
+    return text

@@ -21,6 +21,8 @@ leaves the events to the next run. Both runs exit 0.
 
 from __future__ import annotations
 
+import asyncio
+import sys
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -81,6 +83,18 @@ class ExpiryReport:
         else:
             lines.append("holds expire: dry run; --execute ends them")
         return "\n".join(lines)
+
+
+def command(settings: Settings, *, execute: bool) -> int:
+    """The command's output and exit status (Kafka not acknowledging: one line, exit 1; the
+    holds ended and their events wait in the outbox for the next run)."""
+    try:
+        report = asyncio.run(expire(settings, execute=execute))
+    except NotPublished as exc:
+        print(f"payauth holds expire: {exc}", file=sys.stderr)
+        return 1
+    print(report.render())
+    return 0
 
 
 def _amount(text: str, currency: str) -> str:

@@ -1,6 +1,7 @@
 """The real services the integration tests talk to: PostgreSQL, Redis and Kafka from the
-local stack (``make stack-up``). Every test gets its own database, topics and group, so
-tests neither see each other's data nor depend on order."""
+local stack (``make stack-up``), or another stack's (``use``: the secured stack's tier).
+Every test gets its own database, topics and group, so tests neither see each other's data
+nor depend on order."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -29,6 +31,40 @@ PG_ADMIN_DSN = os.environ.get("PAYAUTH_TEST_ADMIN_DSN", "postgresql://localhost:
 REDIS_URL = os.environ.get("PAYAUTH_REDIS_URL", "redis://localhost:6379/0")
 # One per test session: two sessions on one stack (two checkouts) never drop each other's.
 TEMPLATE_DB = f"payauth_test_template_{os.getpid()}"
+
+
+@dataclass
+class Endpoints:
+    """Where the tests' own clients connect, and as whom: librdkafka settings (address and
+    security), the database administrator's URL (a database name of it is replaced per
+    test), Redis; and the ``PAYAUTH_*`` settings a worker gets besides the test's topics,
+    group and database (``worker_dsn``: the worker's own login, when not the admin's)."""
+
+    kafka: dict[str, str]
+    pg_admin_dsn: str
+    redis_url: str
+    worker_settings: dict[str, str] = field(default_factory=dict)
+    worker_dsn: str | None = None
+
+
+ENDPOINTS = Endpoints(kafka={"bootstrap.servers": BOOTSTRAP}, pg_admin_dsn=PG_ADMIN_DSN,
+                      redis_url=REDIS_URL)
+
+
+def use(endpoints: Endpoints) -> None:
+    """Point every helper here at another stack for the rest of the session."""
+    global ENDPOINTS
+    ENDPOINTS = endpoints
+
+
+def kafka_conf(**more: Any) -> dict[str, Any]:
+    return {**ENDPOINTS.kafka, **more}
+
+
+def with_database(dsn: str, database: str) -> str:
+    """``dsn`` naming ``database`` (its query, e.g. sslmode and sslrootcert, kept)."""
+    parts = urlsplit(dsn)
+    return urlunsplit(parts._replace(path=f"/{database}"))
 
 
 def port_open(host: str, port: int) -> bool:
@@ -47,14 +83,14 @@ def require_stack() -> None:
 
 
 def dsn_for(database: str) -> str:
-    return PG_ADMIN_DSN.rsplit("/", 1)[0] + "/" + database
+    return with_database(ENDPOINTS.pg_admin_dsn, database)
 
 
 async def ensure_template() -> None:
     """A migrated template database; each test clones it (much faster than migrating)."""
     from service.ops.migrate import migrate
 
-    conn = await asyncpg.connect(PG_ADMIN_DSN)
+    conn = await asyncpg.connect(ENDPOINTS.pg_admin_dsn)
     try:
         exists = await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", TEMPLATE_DB)
         if exists:
@@ -71,7 +107,7 @@ async def drop_template() -> None:
 
 async def create_database() -> str:
     name = f"payauth_t_{uuid.uuid4().hex[:10]}"
-    conn = await asyncpg.connect(PG_ADMIN_DSN)
+    conn = await asyncpg.connect(ENDPOINTS.pg_admin_dsn)
     try:
         await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{TEMPLATE_DB}"')
     finally:
@@ -80,7 +116,7 @@ async def create_database() -> str:
 
 
 async def drop_database(name: str) -> None:
-    conn = await asyncpg.connect(PG_ADMIN_DSN)
+    conn = await asyncpg.connect(ENDPOINTS.pg_admin_dsn)
     try:
         await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
@@ -97,7 +133,7 @@ class Env:
     dlq_topic: str
     group_id: str
     partitions: int
-    redis_url: str = REDIS_URL
+    redis_url: str = field(default_factory=lambda: ENDPOINTS.redis_url)
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -106,13 +142,16 @@ class Env:
 
     def worker_env(self, **overrides: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PAYAUTH_")}
+        env.update(ENDPOINTS.worker_settings)
+        worker_dsn = ENDPOINTS.worker_dsn
         env.update(
-            PAYAUTH_KAFKA_BOOTSTRAP_SERVERS=BOOTSTRAP,
+            PAYAUTH_KAFKA_BOOTSTRAP_SERVERS=ENDPOINTS.kafka["bootstrap.servers"],
             PAYAUTH_GROUP_ID=self.group_id,
             PAYAUTH_INPUT_TOPIC=self.input_topic,
             PAYAUTH_OUTPUT_TOPIC=self.output_topic,
             PAYAUTH_DLQ_TOPIC=self.dlq_topic,
-            PAYAUTH_DATABASE_URL=self.dsn,
+            PAYAUTH_DATABASE_URL=with_database(worker_dsn, self.database) if worker_dsn
+            else self.dsn,
             PAYAUTH_REDIS_URL=self.redis_url,
             PAYAUTH_METRICS_PORT="0",
             PAYAUTH_LOG_FORMAT="json",
@@ -126,7 +165,7 @@ class Env:
 
 def create_topics(names: dict[str, int]) -> None:
     """Create topics {name: partitions} and wait until the broker lists every partition."""
-    admin = AdminClient({"bootstrap.servers": BOOTSTRAP})
+    admin = AdminClient(kafka_conf())
     futures = admin.create_topics(
         [NewTopic(n, num_partitions=p, replication_factor=1) for n, p in names.items()],
         operation_timeout=30,
@@ -142,15 +181,14 @@ def create_topics(names: dict[str, int]) -> None:
 
 
 def delete_topics(names: list[str]) -> None:
-    admin = AdminClient({"bootstrap.servers": BOOTSTRAP})
+    admin = AdminClient(kafka_conf())
     for future in admin.delete_topics(names, operation_timeout=30).values():
         with contextlib.suppress(Exception):
             future.result()
 
 
 def producer() -> Producer:
-    return Producer({"bootstrap.servers": BOOTSTRAP, "enable.idempotence": True,
-                     "linger.ms": 5})
+    return Producer(kafka_conf(**{"enable.idempotence": True, "linger.ms": 5}))
 
 
 def produce(
@@ -184,10 +222,10 @@ def produce(
 
 def read_topic(topic: str, *, expect: int | None = None, timeout: float = 30) -> list[Any]:
     """Every record of ``topic`` from the beginning (waits for ``expect`` records if given)."""
-    consumer = Consumer({
-        "bootstrap.servers": BOOTSTRAP, "group.id": f"reader-{uuid.uuid4().hex}",
+    consumer = Consumer(kafka_conf(**{
+        "group.id": f"reader-{uuid.uuid4().hex}",
         "enable.auto.commit": False, "auto.offset.reset": "earliest",
-    })
+    }))
     try:
         metadata = consumer.list_topics(topic, timeout=10).topics[topic]
         tps = [TopicPartition(topic, p, 0) for p in metadata.partitions]
@@ -220,8 +258,7 @@ def events_of(records: list[Any]) -> list[dict[str, Any]]:
 
 
 def committed_offsets(group_id: str, topic: str, partitions: int) -> dict[int, int]:
-    consumer = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": group_id,
-                         "enable.auto.commit": False})
+    consumer = Consumer(kafka_conf(**{"group.id": group_id, "enable.auto.commit": False}))
     try:
         return kafka_committed(consumer, [TopicPartition(topic, p) for p in range(partitions)])
     finally:
@@ -229,7 +266,7 @@ def committed_offsets(group_id: str, topic: str, partitions: int) -> dict[int, i
 
 
 def end_offsets(topic: str, partitions: int) -> dict[int, int]:
-    consumer = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": "watermarks"})
+    consumer = Consumer(kafka_conf(**{"group.id": "watermarks"}))
     try:
         return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
                 for p in range(partitions)}

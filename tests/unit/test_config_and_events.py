@@ -53,7 +53,7 @@ def test_bad_value_is_one_line_naming_the_variable(
 
 
 def test_secrets_are_not_shown(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PAYAUTH_DATABASE_URL", "postgresql://u:hunter2@db/payauth")
+    monkeypatch.setenv("PAYAUTH_DATABASE_URL", "postgresql://u:hunter2@db/payauth?sslmode=verify-full")
     assert "hunter2" not in repr(load_settings())
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 
 from service.adapters.kafka.consumer import ConsumerThread, OffsetTracker
 from service.config import load_settings
@@ -27,6 +27,9 @@ class _Error:
 
     def str(self) -> str:
         return "broker went away"
+
+    def code(self) -> int:
+        return int(KafkaError._TRANSPORT)
 
 
 @dataclass(frozen=True)

@@ -135,8 +135,8 @@ def test_the_map_names_every_module_and_only_tests_that_exist() -> None:
                and path.parent.parent.name != "devtools"  # bench/, chaos/: named as folders
                and path.name not in text]
     assert unnamed == []
-    named_tests = set(re.findall(r"`((?:unit|integration|e2e|deploy)/[\w/]*?test_\w+\.py)`",
-                                 text))
+    tiers = "unit|integration|e2e|deploy|secure|containers"
+    named_tests = set(re.findall(rf"`((?:{tiers})/[\w/]*?test_\w+\.py)`", text))
     assert named_tests, "the map names no test"
     missing = sorted(t for t in named_tests if not (root / "tests" / t).exists())
     assert missing == []

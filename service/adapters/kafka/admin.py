@@ -15,7 +15,13 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # re-exported
     ResourceType,
 )
 
+from service.adapters.kafka.config import AUTHORIZATION_REFUSED
+
 log = structlog.get_logger(__name__)
+
+
+class TopicConfigRefused(Exception):
+    """The broker refused to describe a topic's configuration (no DescribeConfigs ACL)."""
 
 
 def read_snapshot(
@@ -78,14 +84,24 @@ def read_one(conf: dict[str, Any], topic: str, partition: int, offset: int,
 
 def topic_max_message_bytes(conf: dict[str, Any], topic: str,
                             timeout: float = 10.0) -> int | None:
-    """The broker's ``max.message.bytes`` for ``topic`` (None when it cannot be read)."""
+    """The broker's ``max.message.bytes`` for ``topic`` (None when it cannot be read, e.g.
+    while the broker is away). Raises ``TopicConfigRefused`` when the broker refuses: the
+    principal lacks DescribeConfigs on the topic, a deployment error to fix, not to guess
+    around."""
     admin = AdminClient(conf)
     resource = ConfigResource(ResourceType.TOPIC, topic)
     try:
         config = admin.describe_configs([resource], request_timeout=timeout)[resource].result(
             timeout=timeout)
         return int(config["max.message.bytes"].value)
-    except (KafkaException, KeyError, ValueError, TypeError,
+    except KafkaException as exc:
+        error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+        if error is not None and error.code() in AUTHORIZATION_REFUSED:
+            raise TopicConfigRefused(
+                f"DescribeConfigs on topic {topic}: {error.str()}") from None
+        log.warning("topic_config_unreadable", topic=topic, error=str(exc)[:200])
+        return None
+    except (KeyError, ValueError, TypeError,
             concurrent.futures.TimeoutError) as exc:
         log.warning("topic_config_unreadable", topic=topic, error=str(exc)[:200])
         return None

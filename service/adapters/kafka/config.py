@@ -4,8 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from confluent_kafka import KafkaError
+
 from service.config import Settings
 from service.logs import librdkafka_logger
+
+# The broker refuses who we are: a bad password, a failed TLS handshake (an untrusted or
+# expired certificate). Waiting does not cure these; /readyz names them.
+AUTHENTICATION_REFUSED = frozenset({
+    KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED, KafkaError._SSL,
+})
+# The broker refuses what we ask: an ACL is missing.
+AUTHORIZATION_REFUSED = frozenset({
+    KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.GROUP_AUTHORIZATION_FAILED,
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED, KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+})
 
 
 def client_config(settings: Settings) -> dict[str, Any]:

@@ -23,7 +23,11 @@ import structlog
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from service import metrics
-from service.adapters.kafka.config import consumer_config
+from service.adapters.kafka.config import (
+    AUTHENTICATION_REFUSED,
+    AUTHORIZATION_REFUSED,
+    consumer_config,
+)
 from service.config import Settings
 from service.core.ports import TP
 from service.logs import RateLimitedLog
@@ -157,7 +161,13 @@ class ConsumerThread(threading.Thread):
             if err is not None:
                 if err.fatal():
                     raise KafkaException(err)
-                log.warning("consumer_error", error=err.str())
+                if err.code() in AUTHORIZATION_REFUSED:
+                    # Reported once by librdkafka, then retried in silence: the refusal
+                    # stays in /readyz (and the log, once per interval) until an
+                    # assignment shows the ACL is there.
+                    self._health.refused("kafka consumer", err.str())
+                else:
+                    log.warning("consumer_error", error=err.str())
                 continue
             topic, partition = msg.topic(), msg.partition()
             assert topic is not None and partition is not None  # set on every consumed message
@@ -222,6 +232,8 @@ class ConsumerThread(threading.Thread):
             self._partitions[(tp.topic, tp.partition)] = _PartitionState()
         self._health.set_assigned(list(self._partitions))
         metrics.assigned_partitions.set(len(self._partitions))
+        if partitions:  # the group and the topic let us in
+            self._health.accepted("kafka consumer")
         log.info("partitions_assigned", partitions=sorted(tp.partition for tp in partitions))
 
     def _release(self, partitions: list[TopicPartition], *, lost: bool) -> None:
@@ -254,8 +266,10 @@ class ConsumerThread(threading.Thread):
         try:
             stats = json.loads(stats_json)
             brokers = stats.get("brokers", {}).values()
-            self._health.kafka_reachable(
-                any(b.get("state") == "UP" and b.get("nodeid", -1) >= 0 for b in brokers))
+            up = any(b.get("state") == "UP" and b.get("nodeid", -1) >= 0 for b in brokers)
+            self._health.kafka_reachable(up)
+            if up:  # a broker took our credentials and certificate
+                self._health.accepted("kafka connection")
             topic = stats.get("topics", {}).get(self._settings.input_topic, {})
             for pid, part in topic.get("partitions", {}).items():
                 lag = part.get("consumer_lag", -1)
@@ -273,6 +287,10 @@ class ConsumerThread(threading.Thread):
             log.error("kafka_fatal_error", error=err.str())
             self.fatal = KafkaException(err)
             self._stopping.set()
+        elif err.code() in AUTHENTICATION_REFUSED:
+            self._health.refused("kafka connection", err.str())
+        elif err.code() in AUTHORIZATION_REFUSED:
+            self._health.refused("kafka consumer", err.str())
         else:
             # Broker down, connection refused...: librdkafka retries by itself, and says so
             # many times a second; one line per kind of error per interval is enough.

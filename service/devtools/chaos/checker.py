@@ -24,7 +24,7 @@ import redis.sentinel
 
 from service.adapters.kafka.admin import group_lag, read_snapshot
 from service.adapters.kafka.config import client_config
-from service.adapters.redis_cache import BUCKET_PREFIX, master_options
+from service.adapters.redis_cache import BUCKET_PREFIX, master_options, sentinel_options
 from service.config import Settings
 from service.domain.dedup import read_fast_path_value
 from service.domain.events import event_time
@@ -96,8 +96,9 @@ def _redis(settings: Settings) -> redis.Redis:
     if settings.redis_sentinels:
         sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
             settings.sentinel_addresses(), socket_timeout=5,
-            sentinel_kwargs={"password":
-                             settings.redis_sentinel_password.get_secret_value() or None})
+            sentinel_kwargs=sentinel_options(
+                settings.redis_url.get_secret_value(),
+                settings.redis_sentinel_password.get_secret_value(), 5))
         return sentinel.master_for(  # type: ignore[no-untyped-call,no-any-return]
             settings.redis_sentinel_master, decode_responses=True, socket_timeout=5,
             **master_options(settings.redis_url.get_secret_value()))
