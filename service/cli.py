@@ -253,6 +253,11 @@ def _cmd_purge(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_holds_expire(settings: Settings, args: argparse.Namespace) -> int:
+    from service.ops import holds
+    return holds.command(settings, execute=args.execute)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="payauth",
@@ -327,6 +332,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", metavar="FILE.csv")
     p.set_defaults(func=_cmd_accounts_load)
 
+    p = sub.add_parser("holds", help="hold tools").add_subparsers(dest="holds_command",
+        required=True).add_parser("expire", help="end holds past the expiry (dry run)")
+    p.add_argument("--execute", action="store_true")
+    p.set_defaults(func=_cmd_holds_expire)
+
     dlq = sub.add_parser("dlq", help="dead-letter topic tools").add_subparsers(
         dest="dlq_command", required=True)
     p = dlq.add_parser("redrive", help="re-publish dead letters to the input topic (dry run)")
@@ -358,7 +368,8 @@ def run_command(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> 
         if refusal is None:
             raise
         command = " ".join(c for c in (args.command, getattr(args, "accounts_command", None),
-                                       getattr(args, "dlq_command", None)) if c)
+                                       getattr(args, "dlq_command", None),
+                                       getattr(args, "holds_command", None)) if c)
         print(mask_secrets(f"{parser.prog} {command}: {refusal}"), file=sys.stderr)
         return 1
     return result

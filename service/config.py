@@ -76,6 +76,8 @@ class Settings(BaseSettings):
     # In-worker retention: every replica tries, an advisory lock lets one purge at a time.
     # 0 disables it (run `payauth purge` from a CronJob instead).
     purge_interval_seconds: int = Field(default=3_600, ge=0)
+    # `payauth holds expire` ends holds at least this old (placed_at, the database's clock).
+    hold_expiry_hours: float = Field(default=168, gt=0, allow_inf_nan=False)
 
     # --- Processing
     max_batch_size: int = Field(default=1_000, ge=1, le=10_000)

@@ -71,6 +71,53 @@ dedup_records = Gauge(
     "Rows in the PostgreSQL dedup store (processed_transactions).",
     registry=REGISTRY,
 )
+dedup_oldest_age_seconds = Gauge(
+    "payauth_dedup_oldest_age_seconds",
+    "Age of the oldest PostgreSQL dedup record: above the retention, the purge is not "
+    "keeping up and the store grows past what the retention allows.",
+    registry=REGISTRY,
+)
+dedup_retention_seconds = Gauge(
+    "payauth_dedup_retention_seconds",
+    "PAYAUTH_DEDUP_RETENTION_HOURS, in seconds (what the alert compares the oldest with).",
+    registry=REGISTRY,
+)
+# The lifecycle (migration 010), read from the database now and then by each worker (all
+# replicas report the same values: aggregate with max, not sum).
+holds_active = Gauge(
+    "payauth_holds_active",
+    "Active holds, by currency.",
+    ["currency"],
+    registry=REGISTRY,
+)
+holds_active_amount = Gauge(
+    "payauth_holds_active_amount",
+    "What active holds keep, by currency (in the currency's units).",
+    ["currency"],
+    registry=REGISTRY,
+)
+holds_overdue = Gauge(
+    "payauth_holds_overdue",
+    "Active holds older than PAYAUTH_HOLD_EXPIRY_HOURS: `payauth holds expire` is not "
+    "running (or failing).",
+    registry=REGISTRY,
+)
+holds_expired = Gauge(
+    "payauth_holds_expired",
+    "Holds ended by expiry so far (its increase is the expiries of a period).",
+    registry=REGISTRY,
+)
+holds_expiry_unpublished = Gauge(
+    "payauth_holds_expiry_unpublished",
+    "Expired holds whose HoldExpired event is not confirmed published yet (the next "
+    "`payauth holds expire` run publishes them).",
+    registry=REGISTRY,
+)
+orphan_reversals_waiting = Gauge(
+    "payauth_orphan_reversals_waiting",
+    "Reversals kept until their original arrives.",
+    registry=REGISTRY,
+)
 redis_up = Gauge(
     "payauth_redis_up",
     "1 when the Redis fast path answers, 0 while the worker runs on PostgreSQL alone.",

@@ -152,7 +152,7 @@ async def run_worker(settings: Settings, wiring: Wiring | None = None) -> int:
         asyncio.create_task(processor.confirmations.run()),
         asyncio.create_task(_heartbeat(health, processor, store, cache, dispatcher,
                                        settings.stalled_partition_seconds)),
-        asyncio.create_task(_count_dedup_records(store)),
+        asyncio.create_task(_count_dedup_records(store, settings)),
         asyncio.create_task(_refresh_replay_marks(processor, settings)),
     ]
     if settings.purge_interval_seconds:
@@ -309,10 +309,26 @@ async def _refresh_replay_marks(processor: BatchProcessor, settings: Settings,
         await asyncio.sleep(every_seconds)
 
 
-async def _count_dedup_records(store: PostgresStore, every_seconds: float = 60) -> None:
+async def _count_dedup_records(store: PostgresStore, settings: Settings,
+                               every_seconds: float = 60) -> None:
+    metrics.dedup_retention_seconds.set(settings.dedup_retention_hours * 3600)
+    seen: set[str] = set()  # currencies with holds once: shown at 0 when none is left
     while True:
         try:
             metrics.dedup_records.set(await store.count_dedup_records())
+            g = await store.lifecycle_gauges(settings.hold_expiry_hours)
+            now = dict(zip(g["currencies"], zip(g["counts"], g["amounts"], strict=True),
+                           strict=True))
+            seen |= set(now)
+            for currency in seen:
+                count, amount = now.get(currency, (0, 0.0))
+                metrics.holds_active.labels(currency).set(count)
+                metrics.holds_active_amount.labels(currency).set(amount)
+            metrics.holds_overdue.set(g["overdue"])
+            metrics.holds_expired.set(g["expired"])
+            metrics.holds_expiry_unpublished.set(g["unpublished"])
+            metrics.orphan_reversals_waiting.set(g["orphans"])
+            metrics.dedup_oldest_age_seconds.set(g["oldest_dedup_seconds"] or 0)
         except Exception as exc:
             log.debug("dedup_count_failed", error=str(exc)[:200])
         await asyncio.sleep(every_seconds)

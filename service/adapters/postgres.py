@@ -5,7 +5,9 @@ run them are one adapter, each part read against the others.
 
 One batch of new authorizations is one statement, one round trip, committed on its own:
 ``SELECT … FROM payauth_authorize(arrays, one element per authorization in offset order)``
-(migrations 004 and 007; each array sent as one joined text, ``pg_columns``). Inside it:
+(migrations 004 and 007; each array sent as one joined text, ``pg_columns``); a batch with
+any lifecycle kind goes to ``payauth_lifecycle`` instead (migration 010: holds, reversals,
+clearings, one message at a time in offset order, in one statement too). Inside it:
 
     SELECT … FROM accounts WHERE account_id = ANY(…) ORDER BY account_id FOR UPDATE
         -- lock the accounts (sorted, so two batches lock in the same order), read balances;
@@ -34,18 +36,17 @@ import ssl
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from decimal import Decimal
 from typing import Any, NoReturn, Self
 
 import asyncpg
 
 from service.adapters.pg_columns import joined, split
+from service.adapters.pg_records import lifecycle_result, stored_from_ledger, stored_from_row
 from service.core import ports
 from service.core.ports import ClaimLost, DataRejected, Sighting, StoreUnavailable, TransientError
 from service.domain.dedup import StoredResult
-from service.domain.messages import Authorization, fingerprint_of
-from service.domain.money import format_amount
-from service.domain.vocabulary import DeclineReason, Result
+from service.domain.messages import Authorization
+from service.domain.vocabulary import LIFECYCLE_KINDS, DeclineReason, Result
 
 # Errors that may pass on retry, by class (never by message text).
 _RETRYABLE = (asyncpg.DeadlockDetectedError, asyncpg.SerializationError,
@@ -75,8 +76,10 @@ _CONFIRM_DURABLE = """
 UPDATE durability_barrier SET touched_at = now() WHERE slot = pg_backend_pid() % 16
 """
 
-# Dedup records are purged after the retention window; the ledger is not. A key found only
-# in the ledger (from_ledger) was approved long ago: it is still a duplicate. One round trip.
+# Dedup records are purged after the retention window; the ledger and the lifecycle records
+# (migration 010) are not. A key found only in the ledger (from_ledger) was approved long
+# ago, one found only in lifecycle_messages was decided long ago: still a duplicate. One
+# round trip; the second part probes the purged ones' two tables per key in one pass.
 _LOAD_STORED = f"""
 SELECT p.txn_id, p.fingerprint, p.result, p.decline_reason, p.account_id,
        p.amount::text AS amount_text, p.currency, p.authorization_type, p.correlation_id,
@@ -84,15 +87,21 @@ SELECT p.txn_id, p.fingerprint, p.result, p.decline_reason, p.account_id,
        p.published_at IS NOT NULL
            OR EXISTS (SELECT 1 FROM published_batches b WHERE b.batch_id = p.batch_id)
            AS published,
-       false AS from_ledger
+       false AS from_ledger, p.original_txn_id, p.amount_applied::text AS applied_text,
+       p.forced, p.orphan
   FROM processed_transactions p
  WHERE p.txn_id = ANY({split("$1")})
 UNION ALL
-SELECT l.txn_id, NULL, 'APPROVED', NULL, l.account_id, abs(l.amount)::text, l.currency,
-       l.type, NULL, l.created_at, NULL, NULL, true, true
-  FROM ledger_entries l
- WHERE l.txn_id = ANY({split("$1")})
-   AND NOT EXISTS (SELECT 1 FROM processed_transactions p WHERE p.txn_id = l.txn_id)
+SELECT k.id, m.fingerprint, coalesce(m.result, 'APPROVED'), m.decline_reason,
+       coalesce(m.account_id, l.account_id), coalesce(m.amount, abs(l.amount))::text,
+       coalesce(m.currency, l.currency), coalesce(m.kind, l.type), m.correlation_id,
+       coalesce(m.processed_at, l.created_at), NULL, NULL, true, m.txn_id IS NULL,
+       m.original_txn_id, m.amount_applied::text, m.forced, m.orphan
+  FROM unnest({split("$1")}) AS k(id)
+  LEFT JOIN lifecycle_messages m ON m.txn_id = k.id
+  LEFT JOIN ledger_entries l ON l.txn_id = k.id AND l.type IN ('PURCHASE', 'REFUND')
+ WHERE (m.txn_id IS NOT NULL OR l.txn_id IS NOT NULL)
+   AND NOT EXISTS (SELECT 1 FROM processed_transactions p WHERE p.txn_id = k.id)
 """
 
 # Locks, decides and writes the batch, and commits on its own: one round trip
@@ -105,7 +114,21 @@ SELECT result, decline_reason
                          {split("$8")}, {split("$9", "::integer[]")},
                          {split("$10", "::bigint[]")}, $11, $12, $13)
 """
+# A batch holding any lifecycle kind: payauth_lifecycle (migration 010) decides all of it,
+# one message at a time in offset order, with each one's original_transaction_id.
+LIFECYCLE_STATEMENT = f"""
+SELECT result, decline_reason, amount_applied, forced, orphan, mismatch
+  FROM payauth_lifecycle({split("$1")}, {split("$2")}, {split("$3", "::numeric[]")},
+                         {split("$4")}, {split("$5")}, {split("$6")}, {split("$7")},
+                         {split("$8")}, {split("$9", "::integer[]")},
+                         {split("$10", "::bigint[]")}, $11, $12, $13, {split("$14")})
+"""
 _CLAIM_LOST_SQLSTATE = "PA409"
+
+
+def statement_for(args: tuple[Any, ...]) -> str:
+    """The batch statement for ``authorize``'s arguments: a lifecycle batch has one more."""
+    return LIFECYCLE_STATEMENT if len(args) == 14 else AUTHORIZE_STATEMENT
 _RESULTS = {r.value: r for r in Result}  # a dict lookup, not an enum call per row
 
 # Receipts for whole batches whose events were acknowledged, and published_at for records
@@ -125,6 +148,21 @@ SELECT (SELECT count(*) FROM receipts) AS receipts,
        (SELECT count(*) FROM republished) AS republished
 """
 
+_LIFECYCLE_GAUGES = """
+WITH per AS (SELECT currency::text AS currency, count(*) AS n, sum(remaining) AS amount
+               FROM holds WHERE state = 'ACTIVE' GROUP BY currency)
+SELECT (SELECT coalesce(array_agg(currency), '{}') FROM per) AS currencies,
+       (SELECT coalesce(array_agg(n), '{}') FROM per) AS counts,
+       (SELECT coalesce(array_agg(amount::float8), '{}') FROM per) AS amounts,
+       (SELECT count(*) FROM holds WHERE state = 'ACTIVE'
+           AND placed_at <= now() - $1::numeric * interval '1 hour') AS overdue,
+       (SELECT count(*) FROM holds WHERE state = 'EXPIRED') AS expired,
+       (SELECT count(*) FROM holds WHERE state = 'EXPIRED' AND expiry_published_at IS NULL)
+           AS unpublished,
+       (SELECT count(*) FROM orphan_reversals WHERE state = 'WAITING') AS orphans,
+       (SELECT extract(epoch FROM now() - min(processed_at))::float8
+          FROM processed_transactions) AS oldest_dedup_seconds
+"""
 _RECORD_SIGHTINGS = """INSERT INTO duplicate_sightings (seen_at, cause, layer, partition, txn_ids)
 VALUES ($1, $2, $3, $4, $5::text[])"""
 _REPLAY_MARKS = """SELECT partition, before_offset FROM replay_marks
@@ -238,8 +276,8 @@ class PostgresStore:
                     if done != "UPDATE 1":  # no row, no WAL written, nothing waited for
                         raise StoreUnavailable(f"durability_barrier answered {done!r}")
             return {
-                row["txn_id"]: _stored_from_ledger(row) if row["from_ledger"]
-                else _stored_from_row(row)
+                row["txn_id"]: stored_from_ledger(row) if row["from_ledger"]
+                else stored_from_row(row)
                 for row in rows
             }
         except StoreUnavailable:
@@ -261,7 +299,7 @@ class PostgresStore:
         """
         processed_at = datetime.now(UTC)
         batch_id = uuid.uuid4()  # its receipt, once the events are acknowledged
-        args = (
+        args: tuple[Any, ...] = (
             joined([a.transaction_id for a in new]),
             joined([a.account_id for a in new]),
             joined([a.amount_text for a in new]),
@@ -276,10 +314,16 @@ class PostgresStore:
             source_topic,
             batch_id,
         )
+        lifecycle = any(a.authorization_type in LIFECYCLE_KINDS for a in new)
+        if lifecycle:
+            args = (*args, joined([a.original_transaction_id for a in new]))
         try:
             rows = await self._call_authorize(args)
         except Exception as exc:
             _raise_translated(exc)
+        if lifecycle:
+            return [lifecycle_result(a, row, processed_at, batch_id, partition)
+                    for a, row, partition in zip(new, rows, source_partitions, strict=True)]
         decisions = [
             (_RESULTS[r["result"]],
              DeclineReason(r["decline_reason"]) if r["decline_reason"] else None)
@@ -328,9 +372,10 @@ class PostgresStore:
     async def _call_authorize(self, args: tuple[Any, ...]) -> list[asyncpg.Record]:
         """The one round trip; the call commits on its own. (A seam for the test-only
         stores that roll a call back after its writes, as a failing COMMIT would, or lose
-        its reply after the COMMIT, as a broken connection would.)"""
+        its reply after the COMMIT, as a broken connection would.) A lifecycle batch has one
+        argument more, its originals, and goes to payauth_lifecycle."""
         async with self._pool.acquire() as conn:
-            return await conn.fetch(AUTHORIZE_STATEMENT, *args)
+            return await conn.fetch(statement_for(args), *args)
 
     async def mark_published(self, batch_ids: Sequence[uuid.UUID],
                              txn_ids: Sequence[str]) -> None:
@@ -343,6 +388,15 @@ class PostgresStore:
                                    datetime.now(UTC))
         except Exception as exc:
             _raise_translated(exc)
+
+    async def lifecycle_gauges(self, expiry_hours: float) -> dict[str, Any]:
+        """What the lifecycle's gauges show (``metrics``): one read-only round trip."""
+        try:
+            async with self._pool.acquire() as conn:
+                row = await conn.fetchrow(_LIFECYCLE_GAUGES, str(expiry_hours))
+        except Exception as exc:
+            _raise_translated(exc)
+        return dict(row) if row else {}
 
     async def count_dedup_records(self) -> int:
         try:
@@ -367,45 +421,8 @@ async def _prepare_statements(conn: asyncpg.Connection) -> None:
     try:
         await conn.fetch(_LOAD_STORED, "")
         await conn.fetch(AUTHORIZE_STATEMENT, *([""] * 10), datetime.now(UTC), "", uuid.uuid4())
+        await conn.fetch(LIFECYCLE_STATEMENT, *([""] * 10), datetime.now(UTC), "", uuid.uuid4(),
+                         "")
         await conn.execute(_MARK_PUBLISHED, empty, empty, datetime.now(UTC))
     except (asyncpg.UndefinedTableError, asyncpg.UndefinedFunctionError):
         pass  # not migrated yet: the first batch will say so; the connection is still fine
-
-
-def _stored_from_row(row: Any) -> StoredResult:
-    return StoredResult(
-        transaction_id=row["txn_id"],
-        fingerprint=row["fingerprint"],
-        result=Result(row["result"]),
-        decline_reason=DeclineReason(row["decline_reason"]) if row["decline_reason"] else None,
-        account_id=row["account_id"],
-        amount_text=format_amount(Decimal(row["amount_text"]), row["currency"]),
-        currency=row["currency"],
-        authorization_type=row["authorization_type"],
-        correlation_id=row["correlation_id"],
-        processed_at=row["processed_at"],
-        published=row["published"],
-        source_partition=row["source_partition"],
-        message_id=row["message_id"],
-    )
-
-
-def _stored_from_ledger(row: Any) -> StoredResult:
-    # The dedup record is gone but the ledger still says what was approved, which is all the
-    # fingerprint covers; the event was published long ago (the record outlived delivery).
-    currency = row["currency"]
-    amount_text = format_amount(Decimal(row["amount_text"]), currency)
-    auth_type = row["authorization_type"]
-    return StoredResult(
-        transaction_id=row["txn_id"],
-        fingerprint=fingerprint_of(row["account_id"], amount_text, currency, auth_type),
-        result=Result.APPROVED,
-        decline_reason=None,
-        account_id=row["account_id"],
-        amount_text=amount_text,
-        currency=currency,
-        authorization_type=auth_type,
-        correlation_id=None,
-        processed_at=row["processed_at"],
-        published=True,
-    )

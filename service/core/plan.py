@@ -263,11 +263,21 @@ def _differences(first: StoredResult | Authorization,
 
 
 def decided(new: Sequence[tuple[Message, Authorization]],
-            records: dict[str, StoredResult]) -> list[Decided]:
+            records: dict[str, StoredResult]) -> list[Decided | Invalid]:
     """The decisions of the new requests (one the store refused has no record: it is
-    dead-lettered by the runner instead)."""
-    return [Decided(msg, records[auth.transaction_id], auth.message_id)
-            for msg, auth in new if auth.transaction_id in records]
+    dead-lettered by the runner instead; a REVERSAL/CLEARING whose original it cannot name
+    is dead-lettered LIFECYCLE_MISMATCH, nothing stored)."""
+    out: list[Decided | Invalid] = []
+    for msg, auth in new:
+        record = records.get(auth.transaction_id)
+        if record is None:
+            continue
+        if record.mismatch is not None:
+            out.append(Invalid(msg, DeadLetterReason.LIFECYCLE_MISMATCH,
+                               f"{record.mismatch}; nothing changed", source="database"))
+        else:
+            out.append(Decided(msg, record, auth.message_id))
+    return out
 
 
 def in_message_order(outcomes: list[MessageOutcome],

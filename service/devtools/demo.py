@@ -4,8 +4,11 @@ ground truth.
 Seeds demo accounts, starts two workers in one consumer group, produces a stream with every
 kind of duplicate (same message redelivered, producer retry with a new message_id, the same
 transaction keyed onto another partition, late redeliveries), declines, conflicts and bad
-input; waits until the group has committed everything; prints what was expected next to
-what the workers counted, and the ``payauth verify`` verdict. Exit 0 only if all agree.
+input; and three holds' lives (placed, partially reversed, cleared; placed after an orphan
+reversal, cleared; placed and expired by ``payauth holds expire``, then cleared late); waits
+until the group has committed everything; prints what was expected next to what the workers
+counted and what the holds became, and the ``payauth verify`` verdict. Exit 0 only if all
+agree.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from service.config import Settings
 from service.devtools.processes import WorkerProcess
 from service.domain.vocabulary import DuplicateCause
 from service.logs import librdkafka_logger
+from service.ops import holds
 from service.ops.topics import ensure_topics
 from service.ops.verify import report, verify
 
@@ -85,6 +89,8 @@ class DemoStream:
         self.late_wave: list[tuple[str, bytes, int | None]] = []
         self._sent_valid: list[tuple[str, bytes]] = []
         self._seq = 0
+        # hold txn -> (what it shows, expected state, expected released by its end)
+        self.holds: dict[str, tuple[str, str, str]] = {}
 
     def _txn(self) -> str:
         self._seq += 1
@@ -135,6 +141,34 @@ class DemoStream:
             self._sent_valid.append((acc, raw))
             self._duplicates(acc, msg, raw)
         self._bad_input()
+        self._lifecycles(next(a for a in active if a not in poor))
+
+    def _lifecycles(self, acc: str) -> None:
+        """Three holds on one account (so in order): the third expires between the waves
+        (``run_demo`` runs ``holds expire``) and its clearing comes late."""
+        def send(kind: str, amount: str, original: str | None = None,
+                 late: bool = False) -> str:
+            txn = self._txn()
+            extra = {} if original is None else {"original_transaction_id": original}
+            self._add(acc, authorization_message(txn, account_id=acc, amount=amount,
+                                                 authorization_type=kind, **extra),
+                      "approved", late=late)
+            return txn
+
+        hold = send("AUTHORIZATION", "100.00")
+        send("REVERSAL", "30.00", hold)
+        send("CLEARING", "60.00", hold)
+        self.holds[hold] = ("placed 100, reversed 30, cleared (60 posted)", "CLEARED", "70.00")
+        orphaned = f"DEMO-{self.run}-orphaned"
+        send("REVERSAL", "20.00", orphaned)  # before its original
+        self._add(acc, authorization_message(orphaned, account_id=acc, amount="50.00",
+                                             authorization_type="AUTHORIZATION"), "approved")
+        send("CLEARING", "30.00", orphaned)
+        self.holds[orphaned] = ("orphan reversal 20 first, placed 50, cleared", "CLEARED",
+                                "30.00")
+        expiring = send("AUTHORIZATION", "40.00")
+        send("CLEARING", "40.00", expiring, late=True)  # after the expiry: releases nothing
+        self.holds[expiring] = ("placed 40, expired, cleared late", "EXPIRED", "40.00")
 
     def _duplicates(self, acc: str, msg: dict[str, Any], raw: bytes) -> None:
         roll = self.rng.random()
@@ -250,6 +284,11 @@ def run_demo(settings: Settings, *, transactions: int, accounts: int, seed: int,
         produce(settings, stream.first_wave)
         print(f"demo: produced {len(stream.first_wave)} records; waiting for the workers")
         wait_for_zero_lag(settings, timeout=300)
+        time.sleep(1.5)  # the expiring hold is older than a second now; the others ended
+        expired = asyncio.run(holds.expire(settings.model_copy(
+            update={"hold_expiry_hours": 1 / 3600}), execute=True))
+        print(f"demo: payauth holds expire (holds older than 1 s): {len(expired.holds)} "
+              "hold(s) expired")
         produce(settings, stream.late_wave)
         print(f"demo: produced {len(stream.late_wave)} late redeliveries and a conflict")
         wait_for_zero_lag(settings, timeout=300)
@@ -265,10 +304,24 @@ def run_demo(settings: Settings, *, transactions: int, accounts: int, seed: int,
             worker.wait_exit(60)
 
     text, ok = report(asyncio.run(verify(dsn)))
-    return print_summary(stream.expected, observed, text, ok)
+    lives = asyncio.run(hold_lives(dsn, list(stream.holds)))
+    return print_summary(stream.expected, observed, text, ok, stream.holds, lives)
 
 
-def print_summary(expected: Counter[str], observed: Counter[str], verdict: str, ok: bool) -> int:
+async def hold_lives(dsn: str, txn_ids: list[str]) -> dict[str, tuple[str, str]]:
+    """Each hold's state and what its end released, as the database has them."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch("SELECT txn_id, state, released::text AS released FROM holds "
+                                "WHERE txn_id = ANY($1::text[])", txn_ids)
+    finally:
+        await conn.close()
+    return {r["txn_id"]: (r["state"], f"{Decimal(r['released'] or 0):.2f}") for r in rows}
+
+
+def print_summary(expected: Counter[str], observed: Counter[str], verdict: str, ok: bool,
+                  holds_expected: dict[str, tuple[str, str, str]] | None = None,
+                  holds_observed: dict[str, tuple[str, str]] | None = None) -> int:
     def got(outcome: str) -> int:
         return observed[f'payauth_messages_total{{outcome="{outcome}"}}']
 
@@ -294,9 +347,20 @@ def print_summary(expected: Counter[str], observed: Counter[str], verdict: str, 
         print(f"{'  ' + reason:<28}{'':>10}{observed[key]:>10}")
     print(f"{'total messages':<28}{sum(expected.values()):>10}"
           f"{sum(got(o) for o, _, _ in rows):>10}")
+    lives_agree = True
+    if holds_expected:
+        print()
+        print(f"{'hold':<46}{'expected':>16}{'observed':>16}")
+        print("-" * 78)
+        for txn, (story, state, released) in holds_expected.items():
+            seen = (holds_observed or {}).get(txn, ("none", "-"))
+            exp_text, obs_text = f"{state} {released}", f"{seen[0]} {seen[1]}"
+            lives_agree &= exp_text == obs_text
+            print(f"{story:<46}{exp_text:>16}{obs_text:>16}"
+                  f"{'' if exp_text == obs_text else '   <-- MISMATCH'}")
     print()
     print(verdict)
-    agree = all(exp == obs for _, exp, obs in rows)
+    agree = all(exp == obs for _, exp, obs in rows) and lives_agree
     if not agree:
         print("demo: the workers' counts do not match the ground truth")
     return 0 if agree and ok else 1

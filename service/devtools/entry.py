@@ -15,6 +15,7 @@ from service.devtools.faults import (
     FaultyCache,
     FaultyPublisher,
     FaultyStore,
+    KilledInTransactionStore,
     LostReplyOnceStore,
     RollbackOnceStore,
 )
@@ -33,7 +34,8 @@ def faulty_wiring(point: str, unsafe_ordering: str) -> Wiring:
 
     return Wiring(
         store_class={"rollback_once": RollbackOnceStore,
-                     "connection_lost_after_commit": LostReplyOnceStore}.get(
+                     "connection_lost_after_commit": LostReplyOnceStore,
+                     "inside_db_transaction": KilledInTransactionStore}.get(
                          point, Wiring.store_class),
         wrap_store=store, wrap_cache=cache, wrap_publisher=publisher,
     )

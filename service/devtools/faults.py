@@ -6,6 +6,8 @@ entry point (``service/devtools/entry.py``) installs; production code has no fau
 - ``before_db_commit`` / ``after_db_commit``: around the store's authorize call;
 - ``after_publish``: once Kafka acknowledged a batch's events, before its offsets are stored;
 - ``after_redis_set``: once the fast path was written;
+- ``inside_db_transaction``: the authorize call runs in an explicit transaction and the
+  worker dies after its writes (claims, holds, dedup records), before its COMMIT;
 - ``rollback_once``: not a kill: the first authorize call is rolled back after its writes,
   as a failing COMMIT would (the batch is retried);
 - ``connection_lost_after_commit``: not a kill: the first authorize call commits, then its
@@ -27,13 +29,13 @@ from typing import Any
 
 import asyncpg
 
-from service.adapters.postgres import AUTHORIZE_STATEMENT, PostgresStore
+from service.adapters.postgres import PostgresStore, statement_for
 from service.core.ports import Cache, Publisher, Record, Sighting, Store, TransientError
 from service.domain.dedup import StoredResult
 from service.domain.messages import Authorization
 
 POINTS = ("before_db_commit", "after_db_commit", "after_publish", "after_redis_set",
-          "rollback_once", "connection_lost_after_commit")
+          "rollback_once", "connection_lost_after_commit", "inside_db_transaction")
 
 
 def kill_at(point: str, armed: str) -> None:
@@ -57,7 +59,7 @@ class RollbackOnceStore(PostgresStore):
         if self._rolled_back:
             return await super()._call_authorize(args)
         async with self._pool.acquire() as conn, conn.transaction():
-            await conn.fetch(AUTHORIZE_STATEMENT, *args)
+            await conn.fetch(statement_for(args), *args)
             self._rolled_back = True
             raise PlannedRollback("rolled back on purpose after the writes")
 
@@ -73,13 +75,24 @@ class LostReplyOnceStore(PostgresStore):
         if self._lost:
             return await super()._call_authorize(args)
         async with self._pool.acquire() as conn:
-            await conn.fetch(AUTHORIZE_STATEMENT, *args)
+            await conn.fetch(statement_for(args), *args)
             self._lost = True
             sys.stderr.write('{"event": "fault_injected", "point": '
                              '"connection_lost_after_commit"}\n')
             conn.terminate()
             raise asyncpg.ConnectionDoesNotExistError(
                 "connection was closed in the middle of operation")
+
+
+class KilledInTransactionStore(PostgresStore):
+    """The authorize call's writes done inside an open transaction, then SIGKILL: the
+    server sees the connection go and rolls them back."""
+
+    async def _call_authorize(self, args: tuple[Any, ...]) -> list[asyncpg.Record]:
+        async with self._pool.acquire() as conn, conn.transaction():
+            rows = await conn.fetch(statement_for(args), *args)
+            kill_at("inside_db_transaction", "inside_db_transaction")
+            return rows
 
 
 class FaultyStore:

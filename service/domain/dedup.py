@@ -39,6 +39,15 @@ class StoredResult:
     # tells a duplicate's cause.
     source_partition: int | None = None
     message_id: str | None = None
+    # The lifecycle kinds (migration 010): what a REVERSAL or CLEARING named, and what each
+    # kind applied (released, credited back, or placed as a hold), as its event says.
+    original_transaction_id: str | None = None
+    amount_applied_text: str | None = None
+    forced: bool | None = None  # a CLEARING with no hold to end
+    orphan: bool | None = None  # a REVERSAL kept until its original arrives
+    # Not a decision: why the store refused a REVERSAL/CLEARING for its original
+    # (LIFECYCLE_MISMATCH); nothing was stored.
+    mismatch: str | None = None
 
 
 class Kind(StrEnum):

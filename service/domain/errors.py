@@ -19,6 +19,9 @@ class DeadLetterReason(StrEnum):
     CARD_DATA_PRESENT = "CARD_DATA_PRESENT"
     IDEMPOTENCY_KEY_CONFLICT = "IDEMPOTENCY_KEY_CONFLICT"
     LIMIT_EXCEEDED = "LIMIT_EXCEEDED"  # a REFUND above PAYAUTH_MAX_REFUND_AMOUNT
+    # A REVERSAL/CLEARING whose original is of another account or currency, or a REFUND,
+    # REVERSAL or CLEARING (a CLEARING of a PURCHASE too): nothing changed.
+    LIFECYCLE_MISMATCH = "LIFECYCLE_MISMATCH"
     # The worker failed on this message again and again while its dependencies answered:
     # a bug or an input nobody foresaw. Dead-lettered so that the partition moves on.
     PROCESSING_FAILED = "PROCESSING_FAILED"

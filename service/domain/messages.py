@@ -53,19 +53,24 @@ class Authorization:
     sent_at: datetime | None
     amount_text: str  # the amount in its currency's minor unit ("125.50"): stored, published
     fingerprint: str  # ``fingerprint_of`` its key fields: what makes a retry the same request
+    original_transaction_id: str | None = None  # a REVERSAL's or CLEARING's original
 
     @property
     def event_id(self) -> str:
         return event_id_for(self.transaction_id)
 
 
-def fingerprint_of(account_id: str, amount_text: str, currency: str, auth_type: str) -> str:
+def fingerprint_of(account_id: str, amount_text: str, currency: str, auth_type: str,
+                   original: str | None = None) -> str:
     """What makes two requests with one transaction_id the same request.
 
-    Same key with another amount, currency, account or type is a conflict, not a duplicate;
-    message_id, timestamps and merchant text may differ between retries.
+    Same key with another amount, currency, account, type or original is a conflict, not a
+    duplicate; message_id, timestamps and merchant text may differ between retries. A
+    request without an original (every PURCHASE and REFUND) hashes what it always did.
     """
     canonical = "\x1f".join((account_id, amount_text, currency, auth_type))
+    if original is not None:
+        canonical += "\x1f" + original
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -149,8 +154,10 @@ def redelivery_key(raw: bytes | None, *, max_bytes: int = 65_536) -> RedeliveryK
         txn_id, account, amount, currency, auth_type = (
             body.get("transaction_id"), body.get("account_id"), body.get("amount"),
             body.get("currency"), body.get("authorization_type"))
+        original = body.get("original_transaction_id")
         if not (type(txn_id) is str and type(account) is str and type(amount) is str
-                and type(currency) is str and type(auth_type) is str):
+                and type(currency) is str and type(auth_type) is str
+                and (original is None or type(original) is str)):
             return None
         # orjson writes back at most 254 levels of nesting: deeper is for the full path too.
         if orjson.dumps(document).count(b'"') != raw.count(b'"'):
@@ -159,7 +166,7 @@ def redelivery_key(raw: bytes | None, *, max_bytes: int = 65_536) -> RedeliveryK
         return None
     headers = document.get("headers")
     message_id = headers.get("message_id") if type(headers) is dict else None
-    return RedeliveryKey(txn_id, fingerprint_of(account, amount, currency, auth_type),
+    return RedeliveryKey(txn_id, fingerprint_of(account, amount, currency, auth_type, original),
                          message_id if type(message_id) is str else None, amount)
 
 
@@ -288,13 +295,14 @@ def _validate(document: dict[str, Any], key: RedeliveryKey | None) -> Authorizat
         raise InvalidMessage(DeadLetterReason.SCHEMA_VIOLATION, _describe(exc)) from None
     body, headers = envelope["body"], envelope["headers"]
     account, currency, auth_type = body["account_id"], body["currency"], body["authorization_type"]
+    original = body.get("original_transaction_id")
     amount_text = format_amount(body["amount"], currency)
     if key is not None and key.amount == amount_text:
         # The key hashed these very key fields (account, currency and type are validated
         # as sent, unchanged): the request's fingerprint is the key's, not hashed again.
         fingerprint = key.fingerprint
     else:
-        fingerprint = fingerprint_of(account, amount_text, currency, auth_type)
+        fingerprint = fingerprint_of(account, amount_text, currency, auth_type, original)
     return Authorization(
         transaction_id=body["transaction_id"],
         account_id=account,
@@ -309,4 +317,5 @@ def _validate(document: dict[str, Any], key: RedeliveryKey | None) -> Authorizat
         sent_at=headers.get("timestamp"),
         amount_text=amount_text,
         fingerprint=fingerprint,
+        original_transaction_id=original,
     )

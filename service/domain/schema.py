@@ -28,6 +28,8 @@ from service.domain.vocabulary import (
     IDENTIFIER_CHARS,
     IDENTIFIER_MAX_LENGTH,
     MAX_AMOUNT,
+    NAMES_ORIGINAL,
+    ORIGINAL_REQUIRED,
     AuthorizationType,
 )
 
@@ -90,9 +92,25 @@ class BodyFields(TypedDict):
     merchant: Text
     merchant_category: Annotated[str, StringConstraints(strict=True, pattern=r"^[0-9]{4}$")]
     authorization_type: AuthorizationType
+    # The message a REVERSAL or CLEARING refers to: required for REVERSAL, optional (absent
+    # or null: a forced clearing) for CLEARING, refused on the other kinds.
+    original_transaction_id: NotRequired[Identifier | None]
+
+
+def _original_fits_kind(body: BodyFields) -> None:
+    kind, original = body["authorization_type"], body.get("original_transaction_id")
+    if original is None:
+        if kind in ORIGINAL_REQUIRED:
+            raise ValueError(f"original_transaction_id is required for {kind}")
+        return
+    if kind not in NAMES_ORIGINAL:
+        raise ValueError(f"original_transaction_id is not allowed for {kind}")
+    if original == body["transaction_id"]:
+        raise ValueError("original_transaction_id must name another transaction")
 
 
 def _amount_fits_currency(body: BodyFields) -> BodyFields:
+    _original_fits_kind(body)
     amount = body["amount"]
     if not amount.is_finite():
         raise ValueError("amount must be finite (NaN and Infinity are not amounts)")

@@ -19,6 +19,40 @@ from enum import StrEnum
 class AuthorizationType(StrEnum):
     PURCHASE = "PURCHASE"  # debits the account
     REFUND = "REFUND"  # credits the account
+    # The lifecycle (migrations/010_authorization_lifecycle.sql): a hold, a stand-in hold,
+    # a release of a hold (or a credit back of a purchase), a posting that ends a hold.
+    AUTHORIZATION = "AUTHORIZATION"
+    ADVICE = "ADVICE"
+    REVERSAL = "REVERSAL"
+    CLEARING = "CLEARING"
+
+
+# Kinds that name an original (``original_transaction_id``): required, optional.
+NAMES_ORIGINAL = frozenset({AuthorizationType.REVERSAL, AuthorizationType.CLEARING})
+ORIGINAL_REQUIRED = frozenset({AuthorizationType.REVERSAL})
+# Kinds decided by payauth_lifecycle (any batch holding one goes there whole).
+LIFECYCLE_KINDS = frozenset({AuthorizationType.AUTHORIZATION, AuthorizationType.ADVICE,
+                             AuthorizationType.REVERSAL, AuthorizationType.CLEARING})
+# What the ledger's type may be: holds never write it.
+LEDGER_TYPES = frozenset({AuthorizationType.PURCHASE, AuthorizationType.REFUND,
+                          AuthorizationType.CLEARING, AuthorizationType.REVERSAL})
+
+
+class HoldState(StrEnum):
+    """A hold's life: ACTIVE, then exactly one end."""
+
+    ACTIVE = "ACTIVE"
+    REVERSED = "REVERSED"  # reversed to zero
+    CLEARED = "CLEARED"
+    EXPIRED = "EXPIRED"  # by `payauth holds expire`
+
+
+class OrphanState(StrEnum):
+    """A reversal that came before its original."""
+
+    WAITING = "WAITING"
+    APPLIED = "APPLIED"  # to the hold its original placed
+    VOID = "VOID"  # the original was declined, or is of another account or currency
 
 
 class Result(StrEnum):

@@ -8,16 +8,23 @@ entry, and the duplicates seen by cause (``duplicate_sightings``: times a batch 
 first and last). Read-only: the least-privilege worker role's SELECT grants are enough.
 A transaction whose dedup record was purged after the retention window is still explained
 from its ledger entry (approved ones only: a declined one leaves no ledger entry).
+
+The lifecycle kinds (migration 010), from their never-purged rows: a hold's whole life
+(placed, reversals waiting for it and applied when it came, each reversal or clearing that
+named it, its end and what the end released, the HoldExpired publication); a REVERSAL's or
+CLEARING's original and what it applied; an orphan reversal's wait.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 import asyncpg
 
 from service.domain.messages import event_id_for
+from service.domain.money import format_amount
 
 _DECISION = """
 SELECT p.txn_id, p.result, p.decline_reason, p.account_id, p.amount::text AS amount,
@@ -36,6 +43,30 @@ SELECT cause, sum(cardinality(array_positions(txn_ids, $1))) AS times,
   FROM duplicate_sightings WHERE txn_ids @> ARRAY[$1]::text[]
  GROUP BY cause ORDER BY min(seen_at)
 """
+_LIFECYCLE = """
+SELECT kind, result, amount::text AS amount, currency, original_txn_id,
+       amount_applied::text AS applied, forced, orphan, ended_hold, decided_at
+  FROM lifecycle_messages WHERE txn_id = $1
+"""
+_HOLD = """
+SELECT txn_id, kind, account_id, amount::text AS amount, remaining::text AS remaining,
+       currency, state, placed_at, ended_at, ended_by, released::text AS released,
+       expiry_published_at
+  FROM holds WHERE txn_id = $1
+"""
+# Everything that named the hold, in the order it was decided.
+_NAMED_IT = """
+SELECT txn_id, kind, amount::text AS amount, amount_applied::text AS applied, orphan,
+       ended_hold, decided_at
+  FROM lifecycle_messages WHERE original_txn_id = $1
+ ORDER BY decided_at, txn_id
+"""
+_ORPHANS = """
+SELECT txn_id, state, amount::text AS amount, applied::text AS applied, arrived_at,
+       resolved_at
+  FROM orphan_reversals WHERE original_txn_id = $1 OR txn_id = $1
+ ORDER BY arrived_at, txn_id
+"""
 _LEDGER = """
 SELECT entry_id, account_id, amount::text AS amount, currency, type, created_at
   FROM ledger_entries WHERE txn_id = $1
@@ -48,10 +79,16 @@ class Explanation:
     decision: dict[str, Any] | None
     ledger: dict[str, Any] | None
     duplicates: list[dict[str, Any]]
+    lifecycle: dict[str, Any] | None = None  # the message's lifecycle row
+    hold: dict[str, Any] | None = None  # the hold it placed, or the hold it named
+    named: list[dict[str, Any]] = field(default_factory=list)  # what named that hold
+    orphans: list[dict[str, Any]] = field(default_factory=list)
+    original_ledger: dict[str, Any] | None = None  # the purchase a REVERSAL named
 
     @property
     def known(self) -> bool:
-        return self.decision is not None or self.ledger is not None
+        return self.decision is not None or self.ledger is not None \
+            or self.lifecycle is not None
 
     def render(self) -> str:
         if not self.known:
@@ -75,6 +112,11 @@ class Explanation:
                                    "not confirmed yet (a redelivery republishes it, same "
                                    "event_id)"),
             ]
+        elif self.lifecycle is not None:
+            m = self.lifecycle
+            lines.append(f"decision     {m['result']} {m['kind']} {m['amount']} {m['currency']} "
+                         "(dedup record purged after the retention window; the lifecycle "
+                         "record remains)")
         else:
             lines.append("decision     APPROVED (dedup record purged after the retention "
                          "window; the ledger entry remains)")
@@ -84,6 +126,7 @@ class Explanation:
                          f"({g['type']}) on {g['account_id']} at {g['created_at'].isoformat()}")
         else:
             lines.append("ledger       no entry (nothing was debited or credited)")
+        lines += self._lifecycle_lines()
         if not self.duplicates:
             lines.append("duplicates   none seen")
         for i, dup in enumerate(self.duplicates):
@@ -91,6 +134,62 @@ class Explanation:
                          + f"{dup['cause']}: {dup['times']} time(s), first "
                          f"{dup['first'].isoformat()}, last {dup['last'].isoformat()}")
         return "\n".join(lines)
+
+
+    def _lifecycle_lines(self) -> list[str]:
+        m, h = self.lifecycle, self.hold
+        lines: list[str] = []
+        if m is not None and m["kind"] in ("REVERSAL", "CLEARING"):
+            if m["applied"] is not None:
+                m["applied"] = format_amount(Decimal(m["applied"]), m["currency"])
+            what = "released" if m["kind"] == "REVERSAL" else "released from its hold"
+            lines.append(f"original     {m['original_txn_id'] or 'none named'}"
+                         + (" (forced: no hold to end)" if m["forced"] else "")
+                         + f"; {what} {m['applied']}"
+                         + (" (ended the hold)" if m["ended_hold"] else ""))
+            if self.original_ledger is not None:
+                g = self.original_ledger
+                lines.append(f"             {g['type']} {g['amount']} {g['currency']} at "
+                             f"{g['created_at'].isoformat()} (credited back up to what is "
+                             "not yet reversed)")
+        for o in self.orphans:
+            if o["txn_id"] == self.transaction_id:
+                lines.append(f"orphan       came before its original: {o['state']}"
+                             + (f", applied {o['applied']} at {o['resolved_at'].isoformat()}"
+                                if o["resolved_at"] else ", waiting"))
+        if h is None:
+            return lines
+        own = h["txn_id"] == self.transaction_id
+        for key in ("amount", "remaining", "released"):
+            if h[key] is not None:
+                h[key] = format_amount(Decimal(h[key]), h["currency"])
+        for row in (*self.named, *self.orphans):
+            for key in ("amount", "applied"):
+                if row.get(key) is not None:
+                    row[key] = format_amount(Decimal(row[key]), h["currency"])
+        lines.append(("hold         " if own else "its hold     ")
+                     + f"{h['txn_id']} {h['kind']} {h['amount']} {h['currency']}: "
+                     f"{h['state']}, {h['remaining']} still held")
+        lines.append(f"  placed     {h['placed_at'].isoformat()}")
+        for o in self.orphans:
+            if o["txn_id"] != h["txn_id"] and o["state"] != "WAITING":
+                lines.append(f"  orphan     {o['txn_id']} REVERSAL {o['amount']} (came first): "
+                             f"{o['state']}, released {o['applied']}")
+        for n in self.named:
+            if n["orphan"]:
+                continue  # shown above, as applied when the hold was placed
+            lines.append(f"  {n['kind'].lower():<10} {n['txn_id']} {n['amount']} at "
+                         f"{n['decided_at'].isoformat()}: released {n['applied']}"
+                         + (", ended it" if n["ended_hold"] else ""))
+        if h["state"] == "EXPIRED":
+            lines.append(f"  expired    {h['ended_at'].isoformat()}: released {h['released']}"
+                         ", HoldExpired " + (f"published {h['expiry_published_at'].isoformat()}"
+                                             if h["expiry_published_at"]
+                                             else "not published yet (the next run does)"))
+        elif h["ended_at"] is not None:
+            lines.append(f"  ended      {h['ended_at'].isoformat()}: {h['state']}"
+                         + (f" by {h['ended_by']}" if h["ended_by"] else " (by orphans)"))
+        return lines
 
 
 def _inputs(d: dict[str, Any]) -> str:
@@ -110,7 +209,20 @@ async def explain(dsn: str, transaction_id: str) -> Explanation:
             decision = await conn.fetchrow(_DECISION, transaction_id)
             ledger = await conn.fetchrow(_LEDGER, transaction_id)
             duplicates = await conn.fetch(_SIGHTINGS, transaction_id)
+            lifecycle = await conn.fetchrow(_LIFECYCLE, transaction_id)
+            original = lifecycle["original_txn_id"] if lifecycle else None
+            hold = await conn.fetchrow(_HOLD, original or transaction_id)
+            hold_id = hold["txn_id"] if hold else None
+            named = await conn.fetch(_NAMED_IT, hold_id) if hold_id else []
+            orphans = await conn.fetch(_ORPHANS, hold_id or transaction_id)
+            if hold_id is None and original is not None:  # a reversal of a purchase
+                original_ledger = await conn.fetchrow(_LEDGER, original)
+            else:
+                original_ledger = None
     finally:
         await conn.close()
     return Explanation(transaction_id, dict(decision) if decision else None,
-                       dict(ledger) if ledger else None, [dict(d) for d in duplicates])
+                       dict(ledger) if ledger else None, [dict(d) for d in duplicates],
+                       dict(lifecycle) if lifecycle else None, dict(hold) if hold else None,
+                       [dict(n) for n in named], [dict(o) for o in orphans],
+                       dict(original_ledger) if original_ledger else None)

@@ -11,6 +11,12 @@ Each transaction is decided again alone, on its own stored inputs: when an earli
 on the same account changes (a refund now approved), the balances later decisions read are
 not recomputed, so a change that follows from another one is not shown.
 
+The lifecycle kinds (migration 010) are decided again too, by the same rule on the same
+stored inputs (the balance read is the available one): whether an AUTHORIZATION, ADVICE or
+CLEARING is approved or declined. What a REVERSAL released or a CLEARING released from its
+hold is not decided again: it follows from the hold's state at the time, which no input
+row keeps (``payauth explain`` shows it).
+
 The range: what ``payauth replay`` would re-read (``--to-datetime``, ``--to-earliest``,
 ``--shift-by``: from the target to the group's committed offset), explicit offsets
 (``--from-offset``/``--to-offset``, inclusive), or a list of transaction ids. Safe while the
@@ -52,7 +58,8 @@ SELECT p.txn_id, p.fingerprint, p.result, p.decline_reason, p.rule_version,
 _LEDGER_ONLY = "SELECT txn_id FROM ledger_entries WHERE txn_id = ANY($1::text[])"
 # Never decided: what the rule decides now, each alone against its account as it is now.
 _DECIDE_NOW = """
-SELECT payauth_decide(a.balance, a.status, a.currency::text, t.currency, t.auth_type, t.amount)
+SELECT payauth_decide(a.balance - a.held, a.status, a.currency::text, t.currency, t.auth_type,
+                      t.amount)
   FROM unnest($1::text[], $2::numeric[], $3::text[], $4::text[]) WITH ORDINALITY
        AS t(account_id, amount, currency, auth_type, ord)
   LEFT JOIN accounts a ON a.account_id = t.account_id

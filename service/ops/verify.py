@@ -17,6 +17,81 @@ class Check:
     sql: str
 
 
+# The lifecycle's (migration 010). A hold's amount is always accounted for: what remains,
+# what reversals released (at their decision, or as orphans when it was placed), and what
+# its end released.
+LIFECYCLE_CHECKS = (
+    Check(
+        "held >= 0 per hold and never more than authorized",
+        """SELECT txn_id || ': ' || remaining || ' of ' || amount FROM holds
+            WHERE remaining < 0 OR remaining > amount""",
+    ),
+    Check(
+        "what each hold placed = what remains + what reversals, its end released",
+        """SELECT h.txn_id || ': ' || h.amount || ' <> ' || h.remaining || ' + '
+                  || coalesce(r.released, 0) || ' + ' || coalesce(o.applied, 0) || ' + '
+                  || coalesce(h.released, 0)
+             FROM holds h
+             LEFT JOIN (SELECT original_txn_id, sum(amount_applied) AS released
+                          FROM lifecycle_messages WHERE kind = 'REVERSAL'
+                         GROUP BY original_txn_id) r ON r.original_txn_id = h.txn_id
+             LEFT JOIN (SELECT original_txn_id, sum(applied) AS applied FROM orphan_reversals
+                         WHERE state = 'APPLIED' GROUP BY original_txn_id) o
+                    ON o.original_txn_id = h.txn_id
+            WHERE h.amount <> h.remaining + coalesce(r.released, 0) + coalesce(o.applied, 0)
+                  + CASE WHEN h.state IN ('CLEARED', 'EXPIRED') THEN coalesce(h.released, 0)
+                         ELSE 0 END""",
+    ),
+    Check(
+        "available = balance - held (the accounts' held = what active holds keep)",
+        """SELECT a.account_id || ': held ' || a.held || ' <> ' || coalesce(h.held, 0)
+             FROM accounts a
+             LEFT JOIN (SELECT account_id, sum(remaining) AS held FROM holds
+                         WHERE state = 'ACTIVE' GROUP BY account_id) h USING (account_id)
+            WHERE a.held <> coalesce(h.held, 0)""",
+    ),
+    Check(
+        "a hold ends at most once",
+        """SELECT h.txn_id || ': ' || h.state || ', ended by ' || count(m.txn_id)
+                  || ' message(s)'
+             FROM holds h
+             LEFT JOIN lifecycle_messages m ON m.original_txn_id = h.txn_id AND m.ended_hold
+            GROUP BY h.txn_id, h.state, h.ended_by
+           HAVING count(m.txn_id) > 1
+               OR (h.state = 'ACTIVE' AND count(m.txn_id) > 0)
+               OR (h.state = 'EXPIRED' AND count(m.txn_id) > 0)
+               OR (h.state IN ('CLEARED', 'REVERSED') AND count(m.txn_id) = 0
+                   AND h.ended_by IS NOT NULL)""",
+    ),
+    Check(
+        "no ledger entry for a hold",
+        """SELECT h.txn_id FROM holds h JOIN ledger_entries l ON l.txn_id = h.txn_id
+           UNION ALL
+           SELECT m.txn_id FROM lifecycle_messages m JOIN ledger_entries l USING (txn_id)
+            WHERE m.kind IN ('AUTHORIZATION', 'ADVICE')""",
+    ),
+    Check(
+        "a purchase is credited back at most its amount",
+        """SELECT m.original_txn_id || ': ' || sum(l.amount) || ' credited of '
+                  || min(-p.amount)
+             FROM lifecycle_messages m
+             JOIN ledger_entries l ON l.txn_id = m.txn_id AND l.type = 'REVERSAL'
+             JOIN ledger_entries p ON p.txn_id = m.original_txn_id AND p.type = 'PURCHASE'
+            GROUP BY m.original_txn_id
+           HAVING sum(l.amount) > min(-p.amount)""",
+    ),
+    Check(
+        "available below zero only through advices and clearings",
+        """SELECT b.account_id || ': available ' || b.available FROM account_balances b
+            WHERE b.available < 0
+              AND NOT EXISTS (SELECT 1 FROM holds h
+                               WHERE h.account_id = b.account_id AND h.kind = 'ADVICE')
+              AND NOT EXISTS (SELECT 1 FROM ledger_entries l
+                               WHERE l.account_id = b.account_id AND l.type = 'CLEARING')""",
+    ),
+)
+
+
 CHECKS = (
     Check(
         "at most one ledger entry per transaction",
@@ -32,9 +107,12 @@ CHECKS = (
             WHERE a.balance <> a.opening_balance + coalesce(l.total, 0)""",
     ),
     Check(
-        "no negative (or NaN) balance",
-        """SELECT account_id || ': ' || balance FROM accounts
-            WHERE balance < 0 OR balance = 'NaN'""",
+        "no negative (or NaN) balance but through a clearing",
+        """SELECT a.account_id || ': ' || a.balance FROM accounts a
+            WHERE a.balance = 'NaN'
+               OR (a.balance < 0 AND NOT EXISTS (
+                       SELECT 1 FROM ledger_entries l
+                        WHERE l.account_id = a.account_id AND l.type = 'CLEARING'))""",
     ),
     Check(
         "every processed transaction has a result",
@@ -47,6 +125,7 @@ CHECKS = (
         """SELECT p.txn_id FROM processed_transactions p
              LEFT JOIN ledger_entries l ON l.txn_id = p.txn_id
             WHERE p.result = 'APPROVED'
+              AND p.authorization_type IN ('PURCHASE', 'REFUND', 'CLEARING')
               AND (l.txn_id IS NULL OR l.account_id <> p.account_id
                    OR abs(l.amount) <> p.amount OR l.currency <> p.currency)""",
     ),
@@ -56,6 +135,7 @@ CHECKS = (
              JOIN ledger_entries l ON l.txn_id = p.txn_id
             WHERE p.result = 'DECLINED'""",
     ),
+    *LIFECYCLE_CHECKS,
 )
 
 

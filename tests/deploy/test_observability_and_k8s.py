@@ -104,8 +104,12 @@ def k8s_docs() -> dict[str, dict]:  # type: ignore[type-arg]
 def test_k8s_resources_exist_and_labels_match() -> None:
     docs = k8s_docs()
     for kind in ("StatefulSet", "ConfigMap", "Job", "PodDisruptionBudget", "PodMonitor",
-                 "PrometheusRule", "Service"):
+                 "PrometheusRule", "Service", "CronJob"):
         assert kind in docs, kind
+    expire = docs["CronJob"]["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    assert expire["containers"][0]["args"] == ["holds", "expire", "--execute"]
+    assert expire["containers"][0]["envFrom"] == \
+        docs["Job"]["spec"]["template"]["spec"]["containers"][0]["envFrom"]
     sts = docs["StatefulSet"]
     selector = sts["spec"]["selector"]["matchLabels"]
     template = sts["spec"]["template"]["metadata"]["labels"]

@@ -18,7 +18,7 @@ from service.core.ports import ClaimLost
 from service.domain.messages import Authorization, decode_authorization
 from tests.support import stack
 from tests.support.factory import auth_message, encode
-from tests.support.oracle import Account, decide_in_order, decide_in_order_with_inputs
+from tests.support.oracle import Account, decide, decide_in_order, decide_in_order_with_inputs
 
 ACCOUNTS = [  # id, balance, currency, status
     ("FN-A", "100.00", "EUR", "ACTIVE"),
@@ -192,3 +192,81 @@ def test_a_column_comes_back_from_the_server_as_it_was_sent(env: stack.Env,
     [row] = stack.fetch(env.dsn, f"SELECT {split('$1', '::bigint[]')} AS column",
                         joined(numbers))
     assert row["column"] == [int(n) for n in numbers]
+
+
+def test_a_lifecycle_batch_decides_purchases_and_refunds_as_the_reference(env: stack.Env
+                                                                          ) -> None:
+    """A batch holding any lifecycle kind goes to payauth_lifecycle whole: its purchases and
+    refunds are decided, recorded and posted exactly as payauth_authorize decides them (the
+    same random batches as above, each with an ADVICE on an account of its own)."""
+    async def scenario() -> None:
+        await _seed(env.dsn)
+        await stack.seed_accounts(env.dsn, [("FN-HOLDS", "0.00", "EUR")])
+        store = await PostgresStore.connect(env.dsn)
+        rng = random.Random(7)
+        try:
+            for round_number in range(4):
+                batch = _random_batch(rng, f"lc{round_number}", 150)
+                advice = _auth(f"FN-lc{round_number}-advice", "FN-HOLDS", "1.00", "ADVICE")
+                before = await _accounts(env.dsn)
+                seen_and_decided = decide_in_order_with_inputs(batch, before)
+                stored = await store.authorize(
+                    [*batch, advice], source_topic="t",
+                    source_partitions=[0] * (len(batch) + 1),
+                    source_offsets=list(range(len(batch) + 1)))
+                assert stored[-1].result == "APPROVED" and stored[-1].mismatch is None
+                assert [(s.result, s.decline_reason) for s in stored[:-1]] == \
+                    [(d.result, d.decline_reason) for _, d in seen_and_decided]
+                recorded = {r["txn_id"]: r for r in await _recorded_inputs(env.dsn, batch)}
+                for auth, (seen, _) in zip(batch, seen_and_decided, strict=True):
+                    row = recorded[auth.transaction_id]
+                    assert (row["input_balance"], row["input_status"], row["input_currency"]) \
+                        == ((seen.balance, seen.status, seen.currency) if seen else
+                            (None, None, None)), auth.transaction_id
+                after = await _accounts(env.dsn)
+                for account_id, account in before.items():
+                    moved = sum((d.delta for a, (_, d) in zip(batch, seen_and_decided,
+                                                              strict=True)
+                                 if a.account_id == account_id), Decimal(0))
+                    assert after[account_id].balance == account.balance + moved, account_id
+        finally:
+            await store.close()
+
+    asyncio.run(scenario())
+    ledger = stack.fetch(env.dsn, "SELECT l.txn_id, l.amount, p.amount AS sent, "
+                                  "p.authorization_type FROM ledger_entries l "
+                                  "JOIN processed_transactions p USING (txn_id)")
+    assert ledger and all(r["amount"] == (r["sent"] if r["authorization_type"] == "REFUND"
+                                          else -r["sent"]) for r in ledger)
+
+
+def test_the_rule_decides_every_kind_as_the_reference(env: stack.Env) -> None:
+    """payauth_decide on every kind, account state and currency (the lifecycle kinds: an
+    ADVICE or CLEARING past the available balance and whatever the status, a REVERSAL
+    always), against the oracle."""
+    accounts = {a: Account(a, Decimal(b), c, s) for a, b, c, s in ACCOUNTS}
+    cases = [(kind, account, currency, amount)
+             for kind in ("PURCHASE", "REFUND", "AUTHORIZATION", "ADVICE", "REVERSAL",
+                          "CLEARING")
+             for account in [*accounts, "FN-UNKNOWN"]
+             for currency in ("EUR", "JPY")
+             for amount in ("1", "5000")]
+    rows = stack.fetch(env.dsn, """
+        SELECT payauth_decide(a.balance, a.status, a.currency, t.currency, t.kind, t.amount)
+          FROM unnest($1::text[], $2::text[], $3::text[], $4::numeric[], $5::numeric[],
+                      $6::text[], $7::text[]) WITH ORDINALITY
+               AS t(kind, account, currency, amount, balance, status, acurrency, ord)
+          CROSS JOIN LATERAL (SELECT t.balance, t.status, t.acurrency AS currency) a
+         ORDER BY t.ord""",
+        [c[0] for c in cases], [c[1] for c in cases], [c[2] for c in cases],
+        [Decimal(c[3]) for c in cases],
+        [accounts[c[1]].balance if c[1] in accounts else None for c in cases],
+        [accounts[c[1]].status if c[1] in accounts else None for c in cases],
+        [accounts[c[1]].currency if c[1] in accounts else None for c in cases])
+    for (kind, account, currency, amount), row in zip(cases, rows, strict=True):
+        want = decide(_auth("R", account, amount, kind, currency) if kind != "REVERSAL" else
+                      decode_authorization(encode(auth_message(
+                          "R", account_id=account, amount=amount, currency=currency,
+                          authorization_type=kind, original_transaction_id="H"))),
+                      accounts.get(account))
+        assert row[0] == (want.decline_reason or want.result), (kind, account, currency, amount)

@@ -31,9 +31,18 @@ class Decision:
 
 
 def decide(auth: Authorization, account: Account | None) -> Decision:
-    """Approve or decline one authorization against the account as it stands now."""
+    """Approve or decline one authorization against the account as it stands now (its
+    balance: the available one). The lifecycle kinds' deltas are not the ledger's (a hold
+    moves the available balance only; what a REVERSAL or CLEARING applies depends on its
+    original): this model says only whether they are approved."""
+    kind = auth.authorization_type
+    if kind is AuthorizationType.REVERSAL:
+        return Decision(Result.APPROVED, None, Decimal(0))
     if account is None:
         return Decision(Result.DECLINED, DeclineReason.UNKNOWN_ACCOUNT, Decimal(0))
+    if kind in (AuthorizationType.ADVICE, AuthorizationType.CLEARING) \
+            and account.currency == auth.currency:
+        return Decision(Result.APPROVED, None, -auth.amount)
     if account.status != AccountStatus.ACTIVE:
         return Decision(Result.DECLINED, DeclineReason.ACCOUNT_BLOCKED, Decimal(0))
     if account.currency != auth.currency:

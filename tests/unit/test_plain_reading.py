@@ -29,6 +29,10 @@ def _mutants(count: int, seed: int) -> list[bytes]:
     rng = random.Random(seed)
     bases = [encode(auth_message(f"T-{i}", amount=amount))  # type: ignore[arg-type]
              for i, amount in enumerate(["10.50", "1", "0.01", "999.99"])]
+    bases += [encode(auth_message("T-R", amount="5.00", authorization_type="REVERSAL",
+                                  original_transaction_id="T-0")),
+              encode(auth_message("T-C", amount="5.00", authorization_type="CLEARING",
+                                  original_transaction_id=None))]
     out = []
     for _ in range(count):
         raw = bytearray(rng.choice(bases))

@@ -32,13 +32,32 @@ def test_schema_checks_name_the_vocabulary() -> None:
     assert in_lists(schema, "status") == [values(v.AccountStatus)]
     assert in_lists(schema, "result") == [values(v.Result)]
     assert in_lists(schema, "decline_reason") == [values(v.DeclineReason)]
-    assert in_lists(schema, "type") == [values(v.AuthorizationType)]
-    assert in_lists(schema, "authorization_type") == [values(v.AuthorizationType)]
+    # 001's kinds, widened by 010 (below)
+    assert in_lists(schema, "type") == [{"PURCHASE", "REFUND"}]
+    assert in_lists(schema, "authorization_type") == [{"PURCHASE", "REFUND"}]
     assert set(re.findall(r"(?:account_id|txn_id) ~ '([^']*)'", schema)) == \
         {v.IDENTIFIER_PATTERN}
     assert set(re.findall(r"currency ~ '([^']*)'", schema)) == {v.CURRENCY_PATTERN}
     assert set(re.findall(r"amount\)? <= (\d{5,})", schema)) == {str(v.MAX_AMOUNT)}
     assert re.findall(r"scale\(amount\) <= (\d+)", schema) == [str(v.MAX_AMOUNT_DECIMALS)]
+
+
+def test_the_lifecycle_schema_speaks_the_vocabulary() -> None:
+    lifecycle = sql("010_authorization_lifecycle.sql")
+    assert in_lists(lifecycle, "authorization_type") == [values(v.AuthorizationType)]
+    ledger_type_check, *sign_checks = in_lists(lifecycle, "type")
+    assert ledger_type_check == set(v.LEDGER_TYPES)
+    assert set().union(*sign_checks) == set(v.LEDGER_TYPES)
+    holds_kind, messages_kind, *in_the_functions = in_lists(lifecycle, "kind")
+    assert holds_kind == {"AUTHORIZATION", "ADVICE"}
+    assert messages_kind == set(v.LIFECYCLE_KINDS)
+    assert set().union(*in_the_functions) <= values(v.AuthorizationType)
+    states = in_lists(lifecycle, "state")
+    assert states[0] == values(v.HoldState)
+    assert states[1] == values(v.OrphanState)
+    assert in_lists(lifecycle, "result")[0] == values(v.Result)
+    assert set(re.findall(r"state = '([A-Z]+)'", lifecycle)) <= \
+        values(v.HoldState) | values(v.OrphanState)
 
 
 def test_the_decision_function_speaks_only_the_vocabulary() -> None:
@@ -47,7 +66,7 @@ def test_the_decision_function_speaks_only_the_vocabulary() -> None:
                        if "FUNCTION payauth_decide(" in p.read_text()))
     literals = set(re.findall(r"'([A-Z][A-Z0-9_]*)'", function))
     words = (values(v.Result) | values(v.DeclineReason) | values(v.AccountStatus)
-             | values(v.AuthorizationType))
+             | values(v.AuthorizationType) | values(v.HoldState) | values(v.OrphanState))
     assert literals - {"PA409"} <= words, literals - words  # PA409: the lost claim's SQLSTATE
     # Every decline reason can be given, and every result.
     assert values(v.DeclineReason) | values(v.Result) <= literals

@@ -23,10 +23,12 @@ _BUG = ("        WHEN auth_type = 'REFUND' AND currency = 'GBP' THEN 'CURRENCY_M
 
 
 def _rule_migration(directory: Path, name: str, *, planted_bug: bool) -> Path:
-    """A one-file migrations directory replacing payauth_decide: as migration 007 has it
-    (the fix), or with the bug planted."""
-    match = _DECIDE.search((MIGRATIONS_DIR / "007_decision_inputs.sql").read_text())
-    assert match, "payauth_decide not found in migration 007"
+    """A one-file migrations directory replacing payauth_decide: as the latest migration
+    that defines it has it (the fix), or with the bug planted."""
+    latest = max(p for p in MIGRATIONS_DIR.glob("*.sql")
+                 if "FUNCTION payauth_decide(" in p.read_text())
+    match = _DECIDE.search(latest.read_text())
+    assert match, f"payauth_decide not found in {latest.name}"
     sql = match.group(0)
     if planted_bug:
         sql = sql.replace("        WHEN auth_type = 'REFUND' THEN 'APPROVED'\n", _BUG)

@@ -21,6 +21,7 @@ COMMANDS = {
     "replay": ["replay", "--to-earliest"],
     "replay --shadow": ["replay", "--to-earliest", "--shadow"],
     "dlq redrive": ["dlq", "redrive"],
+    "holds expire": ["holds", "expire", "--execute"],
 }
 
 

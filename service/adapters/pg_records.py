@@ -1,0 +1,89 @@
+"""The store's rows as ``StoredResult``s: a dedup record, a ledger entry whose dedup record was
+purged, a lifecycle message (migration 010), and what ``payauth_lifecycle`` answered for a
+batch's message."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from service.domain.dedup import StoredResult
+from service.domain.messages import Authorization, fingerprint_of
+from service.domain.money import format_amount
+from service.domain.vocabulary import DeclineReason, Result
+
+
+def _applied(text: str | None, currency: str) -> str | None:
+    return None if text is None else format_amount(Decimal(text), currency)
+
+
+def lifecycle_result(a: Authorization, row: Any, processed_at: datetime, batch_id: uuid.UUID,
+                      partition: int) -> StoredResult:
+    mismatch = row["mismatch"]
+    return StoredResult(
+        transaction_id=a.transaction_id,
+        fingerprint=a.fingerprint,
+        result=Result.DECLINED if row["result"] == "DECLINED" else Result.APPROVED,
+        decline_reason=DeclineReason(row["decline_reason"]) if row["decline_reason"] else None,
+        account_id=a.account_id,
+        amount_text=a.amount_text,
+        currency=a.currency,
+        authorization_type=a.authorization_type,
+        correlation_id=a.correlation_id,
+        processed_at=processed_at,
+        published=False,
+        batch_id=batch_id,
+        source_partition=partition,
+        message_id=a.message_id,
+        original_transaction_id=a.original_transaction_id,
+        amount_applied_text=_applied(row["amount_applied"], a.currency),
+        forced=row["forced"],
+        orphan=row["orphan"],
+        mismatch=mismatch,
+    )
+
+
+def stored_from_row(row: Any) -> StoredResult:
+    currency = row["currency"]
+    return StoredResult(
+        transaction_id=row["txn_id"],
+        fingerprint=row["fingerprint"],
+        result=Result(row["result"]),
+        decline_reason=DeclineReason(row["decline_reason"]) if row["decline_reason"] else None,
+        account_id=row["account_id"],
+        amount_text=format_amount(Decimal(row["amount_text"]), row["currency"]),
+        currency=row["currency"],
+        authorization_type=row["authorization_type"],
+        correlation_id=row["correlation_id"],
+        processed_at=row["processed_at"],
+        published=row["published"],
+        source_partition=row["source_partition"],
+        message_id=row["message_id"],
+        original_transaction_id=row["original_txn_id"],
+        amount_applied_text=_applied(row["applied_text"], currency),
+        forced=row["forced"],
+        orphan=row["orphan"],
+    )
+
+
+def stored_from_ledger(row: Any) -> StoredResult:
+    # The dedup record is gone but the ledger still says what was approved, which is all the
+    # fingerprint covers; the event was published long ago (the record outlived delivery).
+    currency = row["currency"]
+    amount_text = format_amount(Decimal(row["amount_text"]), currency)
+    auth_type = row["authorization_type"]
+    return StoredResult(
+        transaction_id=row["txn_id"],
+        fingerprint=fingerprint_of(row["account_id"], amount_text, currency, auth_type),
+        result=Result.APPROVED,
+        decline_reason=None,
+        account_id=row["account_id"],
+        amount_text=amount_text,
+        currency=currency,
+        authorization_type=auth_type,
+        correlation_id=None,
+        processed_at=row["processed_at"],
+        published=True,
+    )
