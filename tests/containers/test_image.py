@@ -179,8 +179,9 @@ def test_probes_answer_as_kubelet_and_the_engine_call_them(env: stack.Env, conta
     refused = containers(with_port(container_env(
         env, PAYAUTH_DATABASE_URL=f"postgresql://nobody_{uuid.uuid4().hex[:6]}@localhost:5432/"
                                   f"{env.database}")))
-    wait_until(lambda: refused.events("postgres_unavailable_at_start"), 60,
-               "the refusal in the log")
+    wait_until(lambda: [e for e in refused.events("engine_refused")
+                        if e.get("source") == "postgres"], 60, "the refusal named in the log")
     status, body = refused.http_get("/readyz")
     assert status == 503, (status, body)
+    assert "postgres refused" in body, body
     assert good.running() and refused.running()
