@@ -161,6 +161,15 @@ postgres_secure_up() {
   if listening "$SECURE_PG_PORT"; then
     step "postgres: something already listens on $SECURE_PG_PORT, reusing it"
   else
+    # As root the data directory is one place for every checkout on the machine: a cluster
+    # made with another checkout's secrets (its superuser password) would refuse this one's.
+    # The hash of the password it was made with says whose it is; another's is made anew.
+    local made_with; made_with=$(secret pg_postgres | sha256sum | cut -c1-16)
+    if [ -f "$SECURE_PG_DATA/PG_VERSION" ] \
+        && [ "$(cat "$SECURE_PG_DATA/payauth-made-with" 2>/dev/null)" != "$made_with" ]; then
+      step "postgres: $SECURE_PG_DATA was made with other secrets (another checkout): making it anew"
+      rm -rf "$SECURE_PG_DATA"
+    fi
     if [ ! -f "$SECURE_PG_DATA/PG_VERSION" ]; then
       step "postgres: initialising a cluster in $SECURE_PG_DATA"
       mkdir -p "$SECURE_PG_DATA"
@@ -172,6 +181,7 @@ postgres_secure_up() {
         --pwfile="$pwfile" -E UTF8 --locale=C.UTF-8 >"$SECURE_DIR/postgres-init.log" 2>&1 \
         || { rm -f "$pwfile"; die "postgres: initdb failed, see $SECURE_DIR/postgres-init.log"; }
       rm -f "$pwfile"
+      echo "$made_with" >"$SECURE_PG_DATA/payauth-made-with"
     fi
     # The server's key and certificate, the settings and who may connect: written at
     # every start, so a change here reaches an existing cluster.
