@@ -174,7 +174,7 @@ pg_keeper_settings() { # pg_keeper_settings NODE: the keeper's own timeout, then
   autoctl config set --pgdata "$data" timeout.network_partition_timeout \
     "$PG_KEEPER_NETWORK_PARTITION_TIMEOUT" >/dev/null \
     || die "postgres: could not set node $1's network_partition_timeout"
-  autoctl reload --pgdata "$data" >/dev/null 2>&1 || true  # not running yet: read at start
+  autoctl reload --pgdata "$data" >/dev/null 2>&1 || true
 }
 
 pg_node_up() { # pg_node_up NODE (1-2): create or restart it; waits until it settles
@@ -184,7 +184,9 @@ pg_node_up() { # pg_node_up NODE (1-2): create or restart it; waits until it set
   fi
   step "postgres: starting node $1 on localhost:$port"
   if [ -f "$data/PG_VERSION" ]; then
-    pg_keeper_settings "$1"
+    # The timeout is set once the keeper runs (below): `pg_autoctl config set` signals the
+    # keeper named in its pid file, and a stale one left by a killed keeper may name another
+    # process (seen: the command hung up on itself).
     background "$HA_DIR/pg-node$1.log" "${PG_AS[@]}" env PATH="$(pg_bindir):$PATH" \
       pg_autoctl run --pgdata "$data"
   else
@@ -196,7 +198,7 @@ pg_node_up() { # pg_node_up NODE (1-2): create or restart it; waits until it set
   # comes back after a failover rejoins as the secondary (pg_rewind or a new base backup).
   wait_for "node $1" 180 pg_node_settled "$1" \
     || die "postgres: node $1 did not settle, see $HA_DIR/pg-node$1.log"
-  pg_keeper_settings "$1"  # a node just created has its configuration file only now
+  pg_keeper_settings "$1"  # once it runs (a node just created has its configuration only now)
 }
 
 pg_node_settled() { # the node reports single/primary/secondary; nudges a slow base backup
