@@ -16,7 +16,8 @@ KEYS = {
     "replay_dups_per_s", "db_limit_auth_per_s", "ratio_vs_db_limit",
     "raw_consume_per_s", "p50_ms", "p99_ms", "hot_account_auth_per_s", "pg_commits_per_msg",
     "redis_calls_per_msg", "worker_rss_mb", "ratio_vs_pgbench", "ratio_vs_naive",
-    "ratio_replay_vs_raw", "ratio_hot_vs_uniform",
+    "ratio_replay_vs_raw", "ratio_hot_vs_uniform", "lifecycle_auth_per_s",
+    "ratio_lifecycle_vs_purchase",
 }
 
 
@@ -65,5 +66,15 @@ def test_bench_smoke_writes_every_key_and_verify_holds(live_stack, tmp_path) -> 
         assert results["kafka_floor_p99_ms"][load] > 0 and results["ratio_p99_vs_floor"][load] > 0
     assert [p["load"] for p in results["kafka_floor_points"]][:2] == ["5%", "25%"]
     assert results["db_limit_batch"] == round(results["backlog_batch_messages_mean"])
+    # The lifecycle phase decided whole holds: each one ended as its messages say (a third
+    # reversed in full, the rest cleared, with or without a partial reversal first), none
+    # left active; the worker's CPU per message of it, and the line in the printed table.
+    holds = results["lifecycle_holds"]
+    assert set(holds) == {"CLEARED", "REVERSED"}, holds
+    placed = holds["CLEARED"] + holds["REVERSED"]
+    assert abs(holds["REVERSED"] - placed / 3) <= 1, holds
+    assert 2 * placed < results["lifecycle_messages"] < 3 * placed
+    assert results["lifecycle_cpu_us_per_msg"]["worker"] > 0
+    assert "ratio_lifecycle_vs_purchase" in result.stdout
     assert (tmp_path / "latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "verify: all invariants hold" in result.stdout

@@ -15,6 +15,9 @@ Phases, each on its own topic/group in one fresh database with 10,000 accounts:
               (three times; the median counts)
   db limit    pgbench of the worker's statement with batches of the size the worker formed
               over the backlog, as many clients as it keeps batches in flight (``pgbench.py``)
+  lifecycle   one worker over a backlog of holds with their endings: authorizations, then
+              clearings, partial reversals and clearings, or full reversals (``lifecycle.py``);
+              its rate against the backlog's (``ratio_lifecycle_vs_purchase``)
   hot         every authorization on one account
   latency     paced at 70 % of `new` after a warm-up: produce → result event, p50/p99; then
               50 %, 25 % and 5 % (the curve); then the sustainable rate, the highest whose
@@ -56,7 +59,7 @@ from pydantic import SecretStr
 from service.adapters.kafka.admin import group_lag
 from service.config import Settings, load_settings
 from service.devtools import scratch
-from service.devtools.bench import cpu, paced, pgbench, plot
+from service.devtools.bench import cpu, lifecycle, paced, pgbench, plot
 from service.devtools.bench.naive import run_naive
 from service.devtools.demo import authorization_message
 from service.devtools.processes import ROOT, WorkerProcess
@@ -71,6 +74,7 @@ SUSTAINABLE_P99_MS = 100.0
 @dataclass(frozen=True)
 class Sizes:
     new: int
+    lifecycle: int  # messages (whole holds: a few more at most)
     hot: int
     naive: int
     latency_seconds: float
@@ -80,10 +84,10 @@ class Sizes:
     refinements: int  # bisections of the sustainable rate
 
 
-FULL = Sizes(new=200_000, hot=30_000, naive=3_000, latency_seconds=30, latency_warmup_seconds=5,
-             pgbench_seconds=20, replays=3, refinements=2)
-SMOKE = Sizes(new=3_000, hot=1_000, naive=200, latency_seconds=4, latency_warmup_seconds=1,
-              pgbench_seconds=3, replays=1, refinements=0)
+FULL = Sizes(new=200_000, lifecycle=100_000, hot=30_000, naive=3_000, latency_seconds=30,
+             latency_warmup_seconds=5, pgbench_seconds=20, replays=3, refinements=2)
+SMOKE = Sizes(new=3_000, lifecycle=3_000, hot=1_000, naive=200, latency_seconds=4,
+              latency_warmup_seconds=1, pgbench_seconds=3, replays=1, refinements=0)
 
 
 def log(msg: str) -> None:
@@ -334,6 +338,45 @@ class Bench:
             f"{', '.join(f'{r:,.0f}' for r in rates)} (last one: {caught}); "
             f"peak RSS {rss:.0f} MB")
 
+    def phase_lifecycle(self) -> None:
+        """One worker, the same settings as over the purchase backlog, over a backlog of holds
+        and their endings (``lifecycle.py``), decided by ``payauth_lifecycle``; the rate is
+        counted as the backlog's (messages decided a second, 10 % to 90 %). Then every hold
+        must have ended as its messages say: none active, a third reversed."""
+        topic = self.topic("life")
+        records = lifecycle.messages(self.sizes.lifecycle, self.rng, ACCOUNTS, account_id,
+                                     prefix=f"BL-{self.run}")
+        total = len(records)
+        self.produce(topic, records)
+        group = f"bench-life-{self.run}"
+        worker = self.worker(topic, group, "lifecycle")
+        assert worker.proc is not None
+        worker.port()
+        cpu_before = cpu.sample(worker.proc.pid)
+        rate = self.throughput(worker, group, topic, total)
+        self.results["lifecycle_cpu_us_per_msg"] = cpu.per_item(
+            cpu_before, cpu.sample(worker.proc.pid), total)
+        seen = worker.metrics()
+        assert worker.terminate() == 0
+        self.results["lifecycle_batch_messages_mean"] = round(
+            seen.get("payauth_batch_messages_sum", 0.0)
+            / max(1.0, seen.get("payauth_batch_messages_count", 0.0)), 1)
+        self.results["lifecycle_auth_per_s"] = round(rate, 1)
+        self.results["lifecycle_messages"] = total
+        self.results["lifecycle_holds"] = asyncio.run(self.hold_states())
+        log(f"one worker, holds and their endings ({total:,} messages): {rate:,.0f} msg/s, "
+            f"batches of {self.results['lifecycle_batch_messages_mean']} on average; CPU per "
+            f"message {self.results['lifecycle_cpu_us_per_msg']} us; holds "
+            f"{self.results['lifecycle_holds']}")
+
+    async def hold_states(self) -> dict[str, int]:
+        conn = await asyncpg.connect(self.dsn)
+        try:
+            rows = await conn.fetch("SELECT state, count(*) AS n FROM holds GROUP BY state")
+        finally:
+            await conn.close()
+        return {row["state"]: int(row["n"]) for row in rows}
+
     def phase_hot(self) -> None:
         topic = self.topic("hot")
         self.produce(topic, self.messages(self.sizes.hot, hot=True, tag="H"))
@@ -479,6 +522,7 @@ class Bench:
         self.phase_raw(topic, self.sizes.new)
         self.phase_new_and_replay(topic, self.sizes.new)
         self.phase_db_limit()
+        self.phase_lifecycle()
         self.phase_hot()
         self.phase_latency()
         self.phase_floor()
@@ -491,6 +535,8 @@ class Bench:
         r["ratio_vs_naive"] = round(r["new_auth_per_s"] / r["baseline_naive_auth_per_s"], 2)
         r["ratio_replay_vs_raw"] = round(r["replay_dups_per_s"] / r["raw_consume_per_s"], 3)
         r["ratio_hot_vs_uniform"] = round(r["hot_account_auth_per_s"] / r["new_auth_per_s"], 3)
+        r["ratio_lifecycle_vs_purchase"] = round(
+            r["lifecycle_auth_per_s"] / r["new_auth_per_s"], 3)
         r["verify_ok"] = ok
         r["mode"] = "smoke" if self.sizes is SMOKE else "full"
         r["worker_log_level"] = self.log_level
@@ -515,7 +561,7 @@ TARGETS = {
     "ratio_hot_vs_uniform": (">=", 0.5), "pg_commits_per_msg": ("<=", 0.1),
     "redis_calls_per_msg": ("<=", 0.1), "worker_rss_mb": ("<=", 200),
     "ratio_sustainable_vs_backlog": (">=", 0.7), "ratio_vs_db_limit": (">=", 0.6),
-    "ratio_p99_vs_floor_25": ("<=", 3),
+    "ratio_p99_vs_floor_25": ("<=", 3), "ratio_lifecycle_vs_purchase": (">=", 0.8),
 }
 
 
@@ -525,10 +571,10 @@ def render(r: dict[str, Any]) -> str:
     for key in ("new_auth_per_s", "sustainable_auth_per_s", "db_limit_auth_per_s",
                 "baseline_naive_auth_per_s", "pgbench_one_auth_per_call_tps",
                 "replay_dups_per_s", "raw_consume_per_s", "hot_account_auth_per_s",
-                "p50_ms", "p99_ms", "pg_commits_per_msg", "redis_calls_per_msg",
-                "worker_rss_mb", "ratio_sustainable_vs_backlog", "ratio_vs_db_limit",
-                "ratio_p99_vs_floor_25", "ratio_vs_pgbench", "ratio_vs_naive",
-                "ratio_replay_vs_raw", "ratio_hot_vs_uniform"):
+                "lifecycle_auth_per_s", "p50_ms", "p99_ms", "pg_commits_per_msg",
+                "redis_calls_per_msg", "worker_rss_mb", "ratio_sustainable_vs_backlog",
+                "ratio_vs_db_limit", "ratio_p99_vs_floor_25", "ratio_vs_pgbench", "ratio_vs_naive",
+                "ratio_replay_vs_raw", "ratio_hot_vs_uniform", "ratio_lifecycle_vs_purchase"):
         value = flat.get(key)
         target = TARGETS.get(key)
         mark = ""
@@ -541,6 +587,8 @@ def render(r: dict[str, Any]) -> str:
     cpu_us = r.get("cpu_us_per_auth", {})
     lines.append("cpu_us_per_auth               " + ", ".join(
         f"{kind} {value:,}" for kind, value in cpu_us.items()) + "  (worker <= 40)")
+    lines.append("lifecycle_cpu_us_per_msg      " + ", ".join(
+        f"{kind} {value:,}" for kind, value in r.get("lifecycle_cpu_us_per_msg", {}).items()))
     floor = r.get("kafka_floor_p99_ms", {})
     lines.append("kafka_floor_p99_ms            " + ", ".join(
         f"{k} {v:,}" for k, v in floor.items()))
