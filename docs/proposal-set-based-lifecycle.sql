@@ -1,0 +1,340 @@
+-- PROPOSAL, NOT A MIGRATION (payauth migrate reads migrations/ only): a set-based
+-- payauth_lifecycle for the lead to fold into a numbered migration. Measured and checked
+-- as docs/benchmark.md, "The lifecycle phase", says.
+--
+-- Why: migration 010's payauth_lifecycle decides a batch one message at a time, and each
+-- message runs 5 to 7 single-row statements (the account, the original's hold, the waiting
+-- orphans, the hold's INSERT or UPDATE, the claim, the lifecycle record, the ledger entry,
+-- the account's UPDATE), each planned anew under the worker's plan_cache_mode
+-- (force_custom_plan). Timed inside the function, in a transaction rolled back, batches of
+-- 1,000: about 780 us of database time a message against about 120 for a PURCHASE through
+-- payauth_authorize; a PURCHASE through the loop costs about 480.
+--
+-- What: the same function, in two passes, as payauth_authorize is: the batch's accounts and
+-- the holds its messages name are read (and locked) once, every message is decided in
+-- offset order in memory (arrays), then each table is written by one statement. Only the
+-- common path takes it: every account known and in the message's currency, no orphan
+-- reversal waiting for a message of the batch, and every REVERSAL or CLEARING naming a
+-- hold of its own account and currency that exists by then (found, or placed earlier in
+-- the batch and approved; a CLEARING naming none is forced, on this path too). Any other
+-- batch (an orphan, a reversal of a PURCHASE or of a declined authorization, a mismatch,
+-- an unknown account, a hold placed twice) goes whole to the loop, renamed
+-- payauth_lifecycle_each: those rules keep their one home, and 011's changes to them
+-- (orphans of a PURCHASE, LIFECYCLE_MISMATCH for currency and unknown accounts) stay
+-- there. Nothing is written before that choice is made.
+--
+-- Same answers: run against the loop on the same batches (the bench's stream; purchases,
+-- refunds, declines for funds and a blocked account, capped and full reversals, a reversal
+-- and a clearing after the hold's end, clearings over and under the hold, forced, an
+-- advice past the available balance; each set in one batch, one message a batch and
+-- batches of 3), every result and every row written (holds, processed_transactions,
+-- lifecycle_messages, ledger_entries, orphan_reversals, accounts) came out equal; a variant
+-- that raises instead of falling back showed those batches took the set-based path and
+-- that the off-path ones (orphan then original, unknown account, another currency, a
+-- reversal of a purchase and of a declined authorization, another account's hold, a hold
+-- twice in a batch, a clearing naming a purchase) did not.
+
+ALTER FUNCTION payauth_lifecycle(text[], text[], numeric[], text[], text[], text[], text[],
+                                 text[], integer[], bigint[], timestamptz, text, uuid, text[])
+    RENAME TO payauth_lifecycle_each;
+
+CREATE OR REPLACE FUNCTION payauth_lifecycle(
+    p_txn_ids          text[],
+    p_account_ids      text[],
+    p_amounts          numeric[],
+    p_currencies       text[],
+    p_auth_types       text[],
+    p_fingerprints     text[],
+    p_correlation_ids  text[],
+    p_message_ids      text[],
+    p_partitions       integer[],
+    p_offsets          bigint[],
+    p_processed_at     timestamptz,
+    p_source_topic     text,
+    p_batch_id         uuid,
+    p_originals        text[]
+) RETURNS TABLE (result text, decline_reason text, amount_applied text, forced boolean,
+                 orphan boolean, mismatch text)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    n          integer := coalesce(array_length(p_txn_ids, 1), 0);
+    rule       text;
+    ids        text[];     -- the batch's distinct accounts, in lock order
+    bals       numeric[];  -- aligned with ids: the ledger balance as the batch leaves it
+    helds      numeric[];  -- and what its active holds keep
+    curs       text[];
+    stats      text[];
+    aslot      integer[];  -- each message's account's position in ids
+    hkeys      text[];     -- the holds the batch touches: those found, then those it places
+    n_found    integer;
+    hacct      text[];     -- aligned with hkeys
+    hcur       text[];
+    hkind      text[];
+    hamt       numeric[];
+    hrem       numeric[];
+    hstate     text[];
+    hby        text[];
+    hrel       numeric[];
+    hlive      boolean[];  -- exists by now: found, or placed (approved) earlier in the batch
+    htouched   boolean[];  -- a found hold this batch changed
+    oslot      integer[];  -- each message's original's position in hkeys
+    pslot      integer[];  -- each AUTHORIZATION/ADVICE's own position in hkeys
+    res        text[] := '{}';
+    reasons    text[] := '{}';
+    applied    numeric[] := '{}';
+    forced_    boolean[] := '{}';
+    ended      boolean[] := '{}';
+    deltas     numeric[] := '{}';
+    hdeltas    numeric[] := '{}';
+    seen_bal   numeric[] := '{}';
+    seen_stat  text[] := '{}';
+    seen_cur   text[] := '{}';
+    j          integer;
+    k          integer;
+    kind       text;
+    amt        numeric;
+    decision   text;
+    fast       boolean := true;
+    n_written  bigint;
+    n_expected bigint;
+BEGIN
+    IF n = 0 THEN
+        RETURN;
+    END IF;
+
+    -- The same lock order as payauth_authorize and the expiry (account_id).
+    PERFORM 1 FROM accounts WHERE account_id = ANY(p_account_ids)
+     ORDER BY account_id FOR UPDATE;
+
+    -- The common path only: every account known and in the message's currency, no orphan
+    -- reversal waiting for a message of the batch. Anything else: one message at a time.
+    IF EXISTS (SELECT 1 FROM unnest(p_account_ids, p_currencies) AS m(acct, cur)
+                 LEFT JOIN accounts a ON a.account_id = m.acct
+                WHERE a.account_id IS NULL OR a.currency::text <> m.cur)
+       OR EXISTS (SELECT 1 FROM orphan_reversals r
+                   WHERE r.original_txn_id = ANY(p_txn_ids) AND r.state = 'WAITING') THEN
+        RETURN QUERY SELECT * FROM payauth_lifecycle_each(
+            p_txn_ids, p_account_ids, p_amounts, p_currencies, p_auth_types, p_fingerprints,
+            p_correlation_ids, p_message_ids, p_partitions, p_offsets, p_processed_at,
+            p_source_topic, p_batch_id, p_originals);
+        RETURN;
+    END IF;
+
+    SELECT array_agg(k.id ORDER BY k.id), array_agg(a.balance ORDER BY k.id),
+           array_agg(a.held ORDER BY k.id), array_agg(a.currency::text ORDER BY k.id),
+           array_agg(a.status ORDER BY k.id)
+      INTO ids, bals, helds, curs, stats
+      FROM (SELECT DISTINCT unnest(p_account_ids) AS id) k
+      JOIN accounts a ON a.account_id = k.id;
+    SELECT array_agg(s.pos ORDER BY t.ord) INTO aslot
+      FROM unnest(p_account_ids) WITH ORDINALITY AS t(id, ord)
+      JOIN unnest(ids) WITH ORDINALITY AS s(id, pos) ON s.id = t.id;
+
+    -- The originals that are holds, locked in one order; then the holds the batch places.
+    PERFORM 1 FROM holds WHERE txn_id = ANY(p_originals) ORDER BY txn_id FOR UPDATE;
+    SELECT coalesce(array_agg(h.txn_id ORDER BY h.txn_id), '{}'),
+           array_agg(h.account_id ORDER BY h.txn_id), array_agg(h.currency::text ORDER BY h.txn_id),
+           array_agg(h.kind ORDER BY h.txn_id), array_agg(h.amount ORDER BY h.txn_id),
+           array_agg(h.remaining ORDER BY h.txn_id), array_agg(h.state ORDER BY h.txn_id),
+           array_agg(h.ended_by ORDER BY h.txn_id), array_agg(h.released ORDER BY h.txn_id)
+      INTO hkeys, hacct, hcur, hkind, hamt, hrem, hstate, hby, hrel
+      FROM holds h WHERE h.txn_id = ANY(p_originals);
+    n_found := coalesce(array_length(hkeys, 1), 0);
+    SELECT hkeys || coalesce(array_agg(t.id ORDER BY t.ord), '{}') INTO hkeys
+      FROM unnest(p_txn_ids, p_auth_types) WITH ORDINALITY AS t(id, kind, ord)
+     WHERE t.kind IN ('AUTHORIZATION', 'ADVICE');
+    -- A hold placed twice (in the batch, or found already): the loop says which, PA409.
+    IF (SELECT count(DISTINCT x) FROM unnest(hkeys) AS x) <> coalesce(array_length(hkeys, 1), 0)
+    THEN
+        fast := false;
+    END IF;
+    -- Every hold array as long as hkeys (a NULL array assigned an element would start at it).
+    k := coalesce(array_length(hkeys, 1), 0) - n_found;
+    hacct := coalesce(hacct, '{}') || array_fill(NULL::text, ARRAY[k]);
+    hcur := coalesce(hcur, '{}') || array_fill(NULL::text, ARRAY[k]);
+    hkind := coalesce(hkind, '{}') || array_fill(NULL::text, ARRAY[k]);
+    hamt := coalesce(hamt, '{}') || array_fill(NULL::numeric, ARRAY[k]);
+    hrem := coalesce(hrem, '{}') || array_fill(NULL::numeric, ARRAY[k]);
+    hstate := coalesce(hstate, '{}') || array_fill(NULL::text, ARRAY[k]);
+    hby := coalesce(hby, '{}') || array_fill(NULL::text, ARRAY[k]);
+    hrel := coalesce(hrel, '{}') || array_fill(NULL::numeric, ARRAY[k]);
+    hlive := array_fill(true, ARRAY[n_found]) || array_fill(false, ARRAY[k]);
+    htouched := array_fill(false, ARRAY[n_found + k]);
+    SELECT array_agg(s.pos ORDER BY t.ord) INTO oslot
+      FROM unnest(p_originals) WITH ORDINALITY AS t(id, ord)
+      LEFT JOIN unnest(hkeys) WITH ORDINALITY AS s(id, pos) ON s.id = t.id;
+    SELECT array_agg(s.pos ORDER BY t.ord) INTO pslot
+      FROM unnest(p_txn_ids, p_auth_types) WITH ORDINALITY AS t(id, kind, ord)
+      LEFT JOIN unnest(hkeys) WITH ORDINALITY AS s(id, pos)
+        ON s.id = t.id AND t.kind IN ('AUTHORIZATION', 'ADVICE') AND s.pos > n_found;
+
+    rule := payauth_rule_version();
+
+    -- Decide in offset order, in memory: each message sees the balances and holds the ones
+    -- before it left. A message off the common path (its original unknown, not yet placed,
+    -- declined, a PURCHASE, of another account or currency) sends the batch to the loop.
+    FOR i IN 1..n LOOP
+        EXIT WHEN NOT fast;
+        j := aslot[i]; kind := p_auth_types[i]; amt := p_amounts[i];
+        seen_bal[i] := bals[j] - helds[j]; seen_stat[i] := stats[j]; seen_cur[i] := curs[j];
+        applied[i] := NULL; forced_[i] := NULL; ended[i] := false;
+        deltas[i] := 0; hdeltas[i] := 0;
+        IF p_originals[i] IS NOT NULL THEN
+            k := oslot[i];
+            IF k IS NULL OR NOT hlive[k]
+               OR hacct[k] <> p_account_ids[i] OR hcur[k] <> p_currencies[i] THEN
+                fast := false;
+                EXIT;
+            END IF;
+        END IF;
+        decision := payauth_decide(seen_bal[i], stats[j], curs[j], p_currencies[i], kind, amt);
+        IF decision IS NULL THEN  -- a broken rule stops the partition, it never approves
+            RAISE EXCEPTION 'payauth_decide returned NULL for transaction %', p_txn_ids[i];
+        END IF;
+        res[i] := CASE WHEN decision = 'APPROVED' THEN 'APPROVED' ELSE 'DECLINED' END;
+        reasons[i] := CASE WHEN decision = 'APPROVED' THEN NULL ELSE decision END;
+        IF res[i] = 'APPROVED' AND kind = 'PURCHASE' THEN
+            deltas[i] := -amt;
+        ELSIF res[i] = 'APPROVED' AND kind = 'REFUND' THEN
+            deltas[i] := amt;
+        ELSIF kind IN ('AUTHORIZATION', 'ADVICE') THEN
+            IF res[i] = 'APPROVED' THEN
+                k := pslot[i];
+                hacct[k] := p_account_ids[i]; hcur[k] := p_currencies[i]; hkind[k] := kind;
+                hamt[k] := amt; hrem[k] := amt; hstate[k] := 'ACTIVE'; hlive[k] := true;
+                hdeltas[i] := amt; applied[i] := amt;
+            END IF;
+        ELSIF kind = 'REVERSAL' THEN
+            k := oslot[i];
+            applied[i] := 0;
+            IF hstate[k] = 'ACTIVE' THEN
+                applied[i] := least(amt, hrem[k]);
+                ended[i] := hrem[k] - applied[i] = 0;
+                hrem[k] := hrem[k] - applied[i];
+                IF ended[i] THEN
+                    hstate[k] := 'REVERSED'; hby[k] := p_txn_ids[i]; hrel[k] := applied[i];
+                END IF;
+                htouched[k] := true;
+                hdeltas[i] := -applied[i];
+            END IF;
+        ELSIF kind = 'CLEARING' THEN
+            forced_[i] := p_originals[i] IS NULL;
+            applied[i] := 0;
+            IF p_originals[i] IS NOT NULL AND hstate[oslot[i]] = 'ACTIVE' THEN
+                k := oslot[i];
+                applied[i] := hrem[k]; ended[i] := true;
+                hrel[k] := hrem[k]; hrem[k] := 0; hstate[k] := 'CLEARED'; hby[k] := p_txn_ids[i];
+                htouched[k] := true;
+                hdeltas[i] := -applied[i];
+            END IF;
+            deltas[i] := -amt;
+        END IF;
+        bals[j] := bals[j] + deltas[i]; helds[j] := helds[j] + hdeltas[i];
+    END LOOP;
+
+    IF NOT fast THEN
+        RETURN QUERY SELECT * FROM payauth_lifecycle_each(
+            p_txn_ids, p_account_ids, p_amounts, p_currencies, p_auth_types, p_fingerprints,
+            p_correlation_ids, p_message_ids, p_partitions, p_offsets, p_processed_at,
+            p_source_topic, p_batch_id, p_originals);
+        RETURN;
+    END IF;
+
+    -- The holds placed (as the batch leaves them), then the ones found that it changed: a
+    -- conditional UPDATE that finds each still ACTIVE (it is locked: it is).
+    INSERT INTO holds (txn_id, account_id, currency, kind, amount, remaining, state, ended_at,
+                       ended_by, released)
+    SELECT u.id, u.acct, u.cur, u.kind, u.amt, u.rem, u.state,
+           CASE WHEN u.state <> 'ACTIVE' THEN now() END, u.by, u.rel
+      FROM unnest(hkeys, hacct, hcur, hkind, hamt, hrem, hstate, hby, hrel, hlive)
+               WITH ORDINALITY AS u(id, acct, cur, kind, amt, rem, state, by, rel, live, pos)
+     WHERE u.pos > n_found AND u.live
+        ON CONFLICT (txn_id) DO NOTHING;
+    GET DIAGNOSTICS n_written = ROW_COUNT;
+    SELECT count(*) INTO n_expected FROM unnest(hlive[n_found + 1:]) AS u(live) WHERE u.live;
+    IF n_written <> n_expected THEN
+        RAISE EXCEPTION 'holds placed already (% of %)', n_written, n_expected
+              USING ERRCODE = 'PA409';
+    END IF;
+    UPDATE holds h
+       SET remaining = u.rem, state = u.state,
+           ended_at = CASE WHEN u.state <> 'ACTIVE' THEN now() END,
+           ended_by = u.by, released = u.rel
+      FROM unnest(hkeys[1:n_found], hrem[1:n_found], hstate[1:n_found], hby[1:n_found],
+                  hrel[1:n_found], htouched[1:n_found]) AS u(id, rem, state, by, rel, touched)
+     WHERE u.touched AND h.txn_id = u.id AND h.state = 'ACTIVE';
+    GET DIAGNOSTICS n_written = ROW_COUNT;
+    IF n_written <> (SELECT count(*) FROM unnest(htouched[1:n_found]) AS t WHERE t) THEN
+        RAISE EXCEPTION 'a hold ended meanwhile' USING ERRCODE = 'PA409';
+    END IF;
+
+    -- The claims and dedup records (with the inputs each decision read).
+    INSERT INTO processed_transactions
+           (txn_id, processed_at, result, decline_reason, fingerprint, account_id,
+            amount, currency, authorization_type, correlation_id, message_id,
+            source_topic, source_partition, source_offset, batch_id, input_balance,
+            input_status, input_currency, rule_version, original_txn_id, amount_applied,
+            forced, orphan)
+    SELECT t.txn, p_processed_at, t.res, t.reason, t.fp, t.acct, t.amt, t.cur, t.kind, t.corr,
+           t.msg, p_source_topic, t.part, t.off, p_batch_id, t.bal, t.stat, t.acur, rule,
+           t.orig, t.applied, t.forced, NULL
+      FROM unnest(p_txn_ids, res, reasons, p_fingerprints, p_account_ids, p_amounts,
+                  p_currencies, p_auth_types, p_correlation_ids, p_message_ids, p_partitions,
+                  p_offsets, seen_bal, seen_stat, seen_cur, p_originals, applied, forced_)
+           AS t(txn, res, reason, fp, acct, amt, cur, kind, corr, msg, part, off, bal, stat,
+                acur, orig, applied, forced)
+        ON CONFLICT (txn_id) DO NOTHING;
+    GET DIAGNOSTICS n_written = ROW_COUNT;
+    IF n_written <> n THEN
+        RAISE EXCEPTION 'claimed % of %: another replica decided first', n_written, n
+              USING ERRCODE = 'PA409';
+    END IF;
+    INSERT INTO lifecycle_messages
+           (txn_id, kind, account_id, amount, currency, fingerprint, original_txn_id,
+            result, decline_reason, amount_applied, forced, orphan, ended_hold,
+            correlation_id, processed_at)
+    SELECT t.txn, t.kind, t.acct, t.amt, t.cur, t.fp, t.orig, t.res, t.reason, t.applied,
+           t.forced, NULL, t.ended, t.corr, p_processed_at
+      FROM unnest(p_txn_ids, p_auth_types, p_account_ids, p_amounts, p_currencies,
+                  p_fingerprints, p_originals, res, reasons, applied, forced_, ended,
+                  p_correlation_ids)
+           AS t(txn, kind, acct, amt, cur, fp, orig, res, reason, applied, forced, ended, corr)
+     WHERE t.kind NOT IN ('PURCHASE', 'REFUND')
+        ON CONFLICT (txn_id) DO NOTHING;
+    GET DIAGNOSTICS n_written = ROW_COUNT;
+    IF n_written <> (SELECT count(*) FROM unnest(p_auth_types) AS t(kind)
+                      WHERE t.kind NOT IN ('PURCHASE', 'REFUND')) THEN
+        RAISE EXCEPTION 'a lifecycle message of the batch was decided already'
+              USING ERRCODE = 'PA409';
+    END IF;
+    INSERT INTO ledger_entries (txn_id, account_id, amount, currency, type, created_at)
+    SELECT t.txn, t.acct, t.delta, t.cur, t.kind, p_processed_at
+      FROM unnest(p_txn_ids, p_account_ids, deltas, p_currencies, p_auth_types)
+           AS t(txn, acct, delta, cur, kind)
+     WHERE t.delta <> 0
+        ON CONFLICT (txn_id) DO NOTHING;
+    GET DIAGNOSTICS n_written = ROW_COUNT;
+    IF n_written <> (SELECT count(*) FROM unnest(deltas) AS d WHERE d <> 0) THEN
+        RAISE EXCEPTION 'a ledger entry of the batch was written already'
+              USING ERRCODE = 'PA409';
+    END IF;
+    UPDATE accounts a
+       SET balance = a.balance + d.delta, held = a.held + d.hdelta,
+           updated_at = p_processed_at
+      FROM (SELECT t.acct, sum(t.delta) AS delta, sum(t.hdelta) AS hdelta
+              FROM unnest(p_account_ids, deltas, hdeltas) AS t(acct, delta, hdelta)
+             WHERE t.delta <> 0 OR t.hdelta <> 0
+             GROUP BY t.acct) d
+     WHERE a.account_id = d.acct;
+
+    RETURN QUERY
+    SELECT u.r, u.w, u.a::text, u.f, NULL::boolean, NULL::text
+      FROM unnest(res, reasons, applied, forced_) WITH ORDINALITY AS u(r, w, a, f, k)
+     ORDER BY u.k;
+END
+$$;
+
+REVOKE ALL ON FUNCTION payauth_lifecycle FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION payauth_lifecycle TO payauth_worker;
