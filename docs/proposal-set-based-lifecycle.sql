@@ -8,7 +8,8 @@
 -- the account's UPDATE), each planned anew under the worker's plan_cache_mode
 -- (force_custom_plan). Timed inside the function, in a transaction rolled back, batches of
 -- 1,000: about 780 us of database time a message against about 120 for a PURCHASE through
--- payauth_authorize; a PURCHASE through the loop costs about 480.
+-- payauth_authorize; a PURCHASE through the loop costs about 480. This function, measured the
+-- same way in turn with the loop: about 215 a message of the bench's stream, 170 a PURCHASE.
 --
 -- What: the same function, in two passes, as payauth_authorize is: the batch's accounts and
 -- the holds its messages name are read (and locked) once, every message is decided in
