@@ -43,7 +43,6 @@ class ExpiryRuns:
         self.concurrent = 0  # times two ran at once
 
     def start(self) -> None:
-        self._dir.mkdir(parents=True, exist_ok=True)
         self._thread.start()
 
     def stop(self) -> None:
@@ -65,6 +64,7 @@ class ExpiryRuns:
         with self._lock:
             self._n += 1
             out = self._dir / f"holds-expire-{self._n}.log"
+            self._dir.mkdir(parents=True, exist_ok=True)
         try:
             result = subprocess.run(
                 [sys.executable, "-m", "service", "holds", "expire", "--execute"],

@@ -505,6 +505,9 @@ class Chaos:
         lines += ["", "faults injected by kind", "-" * 44]
         lines += [f"  {k:<32}{v:>10}" for k, v in sorted(self.faults.items())]
         lines.append(f"  {'total':<32}{sum(self.faults.values()):>10}")
+        lines += ["", "outcomes (from the database and the topics)", "-" * 44]
+        lines += [f"  {k:<32}{v:>10}" for k, v in sorted(report.accounted.items())]
+        lines.append(f"  {'accounted for':<32}{sum(report.accounted.values()):>10}")
         lines += ["", "lifecycles (the log, and the holds' ends in the database)", "-" * 44]
         lines.append(f"  {'lifecycle messages sent (lc_*)':<32}"
                      f"{sum(v for k, v in sent.items() if k.startswith('lc_')):>10}")
@@ -514,9 +517,6 @@ class Chaos:
                       for k, v in sorted(self.expiry.outcomes.items())]
             lines += [f"  {'holds expire, two at once':<32}{self.expiry.concurrent:>10}",
                       f"  {'holds the runs ended':<32}{self.expiry.ended:>10}"]
-        lines += ["", "outcomes (from the database and the topics)", "-" * 44]
-        lines += [f"  {k:<32}{v:>10}" for k, v in sorted(report.accounted.items())]
-        lines.append(f"  {'accounted for':<32}{sum(report.accounted.values()):>10}")
         lines += ["", "duplicates caught per layer (as scraped before each exit)", "-" * 44]
         for layer in ("redis", "postgres"):
             key = 'payauth_duplicates_total{layer="' + layer + '"}'
