@@ -21,6 +21,7 @@ Exit 1 on any violation.
     CHAOS_HOLD_EXPIRY_SECONDS (20): the run's PAYAUTH_HOLD_EXPIRY_HOURS, in seconds; a
       lifecycle's messages spread over twice that, so some holds expire midway
     CHAOS_ORPHAN_PURCHASE_REVERSALS (0): 1 also sends reversals of purchases before them
+    CHAOS_LIFECYCLE_SHARE (0.08): the share of the generator's steps that start a lifecycle
 """
 
 from __future__ import annotations
@@ -205,6 +206,7 @@ class Chaos:
         self.hold_expiry_seconds = float(os.environ.get("CHAOS_HOLD_EXPIRY_SECONDS", "20"))
         self.orphan_purchase_reversals = \
             os.environ.get("CHAOS_ORPHAN_PURCHASE_REVERSALS", "0") == "1"
+        self.lifecycle_share = float(os.environ.get("CHAOS_LIFECYCLE_SHARE", "0.08"))
         self.expiry: ExpiryRuns | None = None
         self.kafka_ours = (ROOT / ".stack/kafka/kafka.pid").exists()
 
@@ -412,7 +414,7 @@ class Chaos:
             bootstrap=self.settings.kafka_bootstrap_servers, topic=self.topics["in"],
             partitions=PARTITIONS, run=self.run, accounts=self.accounts, log_path=truth,
             seed=self.seed, late_after_seconds=30,
-            lifecycle_span=2 * self.hold_expiry_seconds,
+            lifecycle_share=self.lifecycle_share, lifecycle_span=2 * self.hold_expiry_seconds,
             orphan_purchase_reversals=self.orphan_purchase_reversals)
         self.expiry = ExpiryRuns(self.supervisor.env, self.out / "expiry", self.seed)
         # The load runs CHAOS_SECONDS, and on while a fault that ran late is still striking,
