@@ -22,6 +22,7 @@ Exit 1 on any violation.
       lifecycle's messages spread over twice that, so some holds expire midway
     CHAOS_ORPHAN_PURCHASE_REVERSALS (0): 1 also sends reversals of purchases before them
     CHAOS_LIFECYCLE_SHARE (0.08): the share of the generator's steps that start a lifecycle
+    CHAOS_MAX_BATCH_SIZE (unset: the worker's default): the workers' PAYAUTH_MAX_BATCH_SIZE
 """
 
 from __future__ import annotations
@@ -260,6 +261,8 @@ class Chaos:
             "PAYAUTH_PURGE_INTERVAL_SECONDS": "0",
             "PAYAUTH_HOLD_EXPIRY_HOURS": repr(self.hold_expiry_seconds / 3600),
         })
+        if os.environ.get("CHAOS_MAX_BATCH_SIZE"):
+            env["PAYAUTH_MAX_BATCH_SIZE"] = os.environ["CHAOS_MAX_BATCH_SIZE"]
         env.update(where)
         return env
 
