@@ -131,6 +131,12 @@ def test_a_v1beta2_copy_is_refused(kind: str) -> None:
         f"kafka.strimzi.io/v1beta2 is not served by {plural}.kafka.strimzi.io (served: v1)"]
 
 
+def test_a_version_the_redis_operator_does_not_serve_is_refused() -> None:
+    sentinel = {**_one("RedisSentinel"), "apiVersion": "redis.redis.opstreelabs.in/v1"}
+    assert check(sentinel) == ["redis.redis.opstreelabs.in/v1 is not served by "
+                               "redissentinels.redis.redis.opstreelabs.in (served: v1beta2)"]
+
+
 def test_the_old_redis_failover_is_refused_no_crd_serves_it() -> None:
     failover = {"apiVersion": "databases.spotahome.com/v1", "kind": "RedisFailover",
                 "metadata": {"name": "payauth-redis"},
