@@ -1,8 +1,9 @@
 """docker-compose.yml run for real: its payauth services (the topics job, the migrate job,
 three worker replicas) with docker-compose.local-stack.yml pointing them at the local
-stack, by `docker compose` where docker answers, else podman-compose (from PyPI, hash-checked against
-podman-compose.lock, installed under .stack/tools when missing). The replicas share one group; `down` stops them
-cleanly (each leaves the group as it exits, long before its session would time out)."""
+stack, by `docker compose` where docker answers, else podman-compose (from PyPI,
+hash-checked against podman-compose.lock, installed under .stack/tools when missing). The
+replicas share one group; `down` stops them cleanly (each leaves the group as it exits, long
+before its session would time out)."""
 
 from __future__ import annotations
 
