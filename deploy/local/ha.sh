@@ -91,7 +91,9 @@ kafka_node_up() { # kafka_node_up NODE (1-3): start it unless it listens; no wai
 }
 
 kafka_node_wait() { # kafka_node_wait NODE
-  wait_for "kafka node $1" 120 listening "${KAFKA_PORTS[$(($1 - 1))]}" \
+  # 240 s: a node restarted on 2 cores shared with test suites (load average near 30) was
+  # seen to take 123 s to open its port (its controller's replay alone took 20 s).
+  wait_for "kafka node $1" 240 listening "${KAFKA_PORTS[$(($1 - 1))]}" \
     || die "kafka: node $1 did not open ${KAFKA_PORTS[$(($1 - 1))]}, see $(kafka_node_dir "$1")/logs/"
 }
 
