@@ -96,7 +96,7 @@ class LoadGenerator:
                  accounts: Accounts, log_path: Path, seed: int,
                  late_after_seconds: float = 30.0, lifecycle_share: float = 0.08,
                  lifecycle_span: float = 40.0,
-                 orphan_purchase_reversals: bool = False) -> None:
+                 orphan_purchase_reversals: bool = True) -> None:
         self._producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
                                    "acks": "all", "linger.ms": 5,
                                    "message.timeout.ms": 300_000,

@@ -11,9 +11,10 @@ the empty one declines them (its available balance never rises above zero: it ge
 credit), and advices, reversals and clearings are never declined on a known account in
 its currency.
 
-``orphan_purchase_reversals`` (off by default): also send a REVERSAL of a PURCHASE before
-the purchase. The contract applies it when the purchase arrives (a credit); a schema that
-keeps it waiting instead would show in the checker as a balance off by that credit.
+``orphan_purchase_reversals`` (on by default): also send a REVERSAL of a PURCHASE before
+the purchase. The contract applies it when the purchase arrives (a credit, migration 011);
+a schema that kept it waiting instead (migration 010) shows in the checker as a balance
+off by that credit.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ class Scripts:
     """Builds one lifecycle at a time: ``next(rich, empty)``."""
 
     def __init__(self, rng: random.Random, txn_id: Callable[[], str], *, span: float,
-                 orphan_purchase_reversals: bool = False) -> None:
+                 orphan_purchase_reversals: bool = True) -> None:
         self._rng = rng
         self._txn_id = txn_id
         self._span = span

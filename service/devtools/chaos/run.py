@@ -20,7 +20,7 @@ Exit 1 on any violation.
     CHAOS_FAULTS_PER_KIND (default max(5, CHAOS_SECONDS // 60))
     CHAOS_HOLD_EXPIRY_SECONDS (20): the run's PAYAUTH_HOLD_EXPIRY_HOURS, in seconds; a
       lifecycle's messages spread over twice that, so some holds expire midway
-    CHAOS_ORPHAN_PURCHASE_REVERSALS (0): 1 also sends reversals of purchases before them
+    CHAOS_ORPHAN_PURCHASE_REVERSALS (1): 0 sends no reversal of a purchase before it
     CHAOS_LIFECYCLE_SHARE (0.08): the share of the generator's steps that start a lifecycle
     CHAOS_MAX_BATCH_SIZE (unset: the worker's default): the workers' PAYAUTH_MAX_BATCH_SIZE
 """
@@ -206,7 +206,7 @@ class Chaos:
         self.pg_ours = _pg_is_ours()
         self.hold_expiry_seconds = float(os.environ.get("CHAOS_HOLD_EXPIRY_SECONDS", "20"))
         self.orphan_purchase_reversals = \
-            os.environ.get("CHAOS_ORPHAN_PURCHASE_REVERSALS", "0") == "1"
+            os.environ.get("CHAOS_ORPHAN_PURCHASE_REVERSALS", "1") == "1"
         self.lifecycle_share = float(os.environ.get("CHAOS_LIFECYCLE_SHARE", "0.08"))
         self.expiry: ExpiryRuns | None = None
         self.kafka_ours = (ROOT / ".stack/kafka/kafka.pid").exists()

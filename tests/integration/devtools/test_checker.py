@@ -167,6 +167,8 @@ def test_checker_passes_lifecycles_with_expiry_runs_among_them(env, spawn_worker
     for end in ("holds expired", "holds reversed", "holds cleared"):
         assert stats[end] > 0, stats
     assert sum(report.accounted.values()) == len(read_log(log))
+    # reversals of purchases sent before them (credited when the purchase arrives) among them
+    assert any(m["kind"] == "lc_orphan_purchase_reversal" for m in read_log(log))
 
 
 async def _plant(dsn: str, sql: str) -> str:

@@ -150,7 +150,8 @@ def test_scripts_send_valid_messages_for_one_account_each_in_order() -> None:
 
 def test_without_the_flag_no_reversal_comes_before_its_purchase() -> None:
     counter = itertools.count()
-    scripts = Scripts(random.Random(7), lambda: f"CH-t-{next(counter):07d}", span=40.0)
+    scripts = Scripts(random.Random(7), lambda: f"CH-t-{next(counter):07d}", span=40.0,
+                      orphan_purchase_reversals=False)
     for _ in range(400):
         assert "lc_orphan_purchase_reversal" not in {p.kind for p in
                                                      scripts.next("RICH", "EMPTY")}
