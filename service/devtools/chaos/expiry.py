@@ -39,7 +39,7 @@ class ExpiryRuns:
         self._lock = threading.Lock()
         self._n = 0
         self.outcomes: Counter[str] = Counter()  # "exit 0", "exit 1", "killed"
-        self.ended = 0       # holds the runs said they ended
+        self.ended = 0       # holds ended, as runs that exited 0 said (a failed one says none)
         self.concurrent = 0  # times two ran at once
 
     def start(self) -> None:

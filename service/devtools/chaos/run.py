@@ -521,7 +521,7 @@ class Chaos:
             lines += [f"  {'holds expire runs, ' + k:<32}{v:>10}"
                       for k, v in sorted(self.expiry.outcomes.items())]
             lines += [f"  {'holds expire, two at once':<32}{self.expiry.concurrent:>10}",
-                      f"  {'holds the runs ended':<32}{self.expiry.ended:>10}"]
+                      f"  {'holds ended by runs exiting 0':<32}{self.expiry.ended:>10}"]
         lines += ["", "duplicates caught per layer (as scraped before each exit)", "-" * 44]
         for layer in ("redis", "postgres"):
             key = 'payauth_duplicates_total{layer="' + layer + '"}'
