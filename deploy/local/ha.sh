@@ -91,7 +91,9 @@ kafka_node_up() { # kafka_node_up NODE (1-3): start it unless it listens; no wai
 }
 
 kafka_node_wait() { # kafka_node_wait NODE
-  wait_for "kafka node $1" 120 listening "${KAFKA_PORTS[$(($1 - 1))]}" \
+  # 240 s: a node restarted on 2 cores shared with test suites (load average near 30) was
+  # seen to take 123 s to open its port (its controller's replay alone took 20 s).
+  wait_for "kafka node $1" 240 listening "${KAFKA_PORTS[$(($1 - 1))]}" \
     || die "kafka: node $1 did not open ${KAFKA_PORTS[$(($1 - 1))]}, see $(kafka_node_dir "$1")/logs/"
 }
 
@@ -131,6 +133,10 @@ pg_ha_up() {
       pg_autoctl run --pgdata "$PG_HA_DIR/monitor"
     wait_for monitor 60 listening "$PG_MONITOR_PORT" || die "postgres: monitor not up, see $HA_DIR/pg-monitor.log"
   fi
+  # Listening is not accepting: a monitor restarted from its data answers "the database
+  # system is starting up" until its recovery ends.
+  wait_for "the monitor's database" 60 pg_monitor_accepts \
+    || die "postgres: the monitor accepts no connection, see $HA_DIR/pg-monitor.log"
   pg_monitor_settings
   pg_node_up 1
   pg_node_up 2
@@ -157,6 +163,11 @@ PG_MONITOR_SETTINGS=(
   "pgautofailover.primary_demote_timeout=5000"
 )
 PG_KEEPER_NETWORK_PARTITION_TIMEOUT=3
+
+pg_monitor_accepts() {
+  psql -X -q -h localhost -p "$PG_MONITOR_PORT" -U postgres -d pg_auto_failover \
+    -c "SELECT 1" >/dev/null 2>&1
+}
 
 pg_monitor_settings() { # the GUCs above on the monitor (ALTER SYSTEM: they survive restarts)
   local setting

@@ -125,10 +125,6 @@ SELECT result, decline_reason, amount_applied, forced, orphan, mismatch
 """
 _CLAIM_LOST_SQLSTATE = "PA409"
 
-
-def statement_for(args: tuple[Any, ...]) -> str:
-    """The batch statement for ``authorize``'s arguments: a lifecycle batch has one more."""
-    return LIFECYCLE_STATEMENT if len(args) == 14 else AUTHORIZE_STATEMENT
 _RESULTS = {r.value: r for r in Result}  # a dict lookup, not an enum call per row
 
 # Receipts for whole batches whose events were acknowledged, and published_at for records
@@ -315,10 +311,12 @@ class PostgresStore:
             batch_id,
         )
         lifecycle = any(a.authorization_type in LIFECYCLE_KINDS for a in new)
+        statement = AUTHORIZE_STATEMENT
         if lifecycle:
+            statement = LIFECYCLE_STATEMENT
             args = (*args, joined([a.original_transaction_id for a in new]))
         try:
-            rows = await self._call_authorize(args)
+            rows = await self._call_authorize(statement, args)
         except Exception as exc:
             _raise_translated(exc)
         if lifecycle:
@@ -369,13 +367,14 @@ class PostgresStore:
             _raise_translated(exc)
         return {row["partition"]: row["before_offset"] for row in rows}
 
-    async def _call_authorize(self, args: tuple[Any, ...]) -> list[asyncpg.Record]:
-        """The one round trip; the call commits on its own. (A seam for the test-only
-        stores that roll a call back after its writes, as a failing COMMIT would, or lose
-        its reply after the COMMIT, as a broken connection would.) A lifecycle batch has one
-        argument more, its originals, and goes to payauth_lifecycle."""
+    async def _call_authorize(self, statement: str, args: tuple[Any, ...]
+                              ) -> list[asyncpg.Record]:
+        """The one round trip (``AUTHORIZE_STATEMENT``, or ``LIFECYCLE_STATEMENT`` with the
+        originals as one argument more); the call commits on its own. (A seam for the
+        test-only stores that roll a call back after its writes, as a failing COMMIT would,
+        or lose its reply after the COMMIT, as a broken connection would.)"""
         async with self._pool.acquire() as conn:
-            return await conn.fetch(statement_for(args), *args)
+            return await conn.fetch(statement, *args)
 
     async def mark_published(self, batch_ids: Sequence[uuid.UUID],
                              txn_ids: Sequence[str]) -> None:

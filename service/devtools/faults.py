@@ -29,7 +29,7 @@ from typing import Any
 
 import asyncpg
 
-from service.adapters.postgres import PostgresStore, statement_for
+from service.adapters.postgres import PostgresStore
 from service.core.ports import Cache, Publisher, Record, Sighting, Store, TransientError
 from service.domain.dedup import StoredResult
 from service.domain.messages import Authorization
@@ -55,11 +55,12 @@ class RollbackOnceStore(PostgresStore):
 
     _rolled_back = False  # per instance once set
 
-    async def _call_authorize(self, args: tuple[Any, ...]) -> list[asyncpg.Record]:
+    async def _call_authorize(self, statement: str, args: tuple[Any, ...]
+                              ) -> list[asyncpg.Record]:
         if self._rolled_back:
-            return await super()._call_authorize(args)
+            return await super()._call_authorize(statement, args)
         async with self._pool.acquire() as conn, conn.transaction():
-            await conn.fetch(statement_for(args), *args)
+            await conn.fetch(statement, *args)
             self._rolled_back = True
             raise PlannedRollback("rolled back on purpose after the writes")
 
@@ -71,11 +72,12 @@ class LostReplyOnceStore(PostgresStore):
 
     _lost = False  # per instance once set
 
-    async def _call_authorize(self, args: tuple[Any, ...]) -> list[asyncpg.Record]:
+    async def _call_authorize(self, statement: str, args: tuple[Any, ...]
+                              ) -> list[asyncpg.Record]:
         if self._lost:
-            return await super()._call_authorize(args)
+            return await super()._call_authorize(statement, args)
         async with self._pool.acquire() as conn:
-            await conn.fetch(statement_for(args), *args)
+            await conn.fetch(statement, *args)
             self._lost = True
             sys.stderr.write('{"event": "fault_injected", "point": '
                              '"connection_lost_after_commit"}\n')
@@ -88,9 +90,10 @@ class KilledInTransactionStore(PostgresStore):
     """The authorize call's writes done inside an open transaction, then SIGKILL: the
     server sees the connection go and rolls them back."""
 
-    async def _call_authorize(self, args: tuple[Any, ...]) -> list[asyncpg.Record]:
+    async def _call_authorize(self, statement: str, args: tuple[Any, ...]
+                              ) -> list[asyncpg.Record]:
         async with self._pool.acquire() as conn, conn.transaction():
-            rows = await conn.fetch(statement_for(args), *args)
+            rows = await conn.fetch(statement, *args)
             kill_at("inside_db_transaction", "inside_db_transaction")
             return rows
 

@@ -1,5 +1,6 @@
-"""A short ``make chaos`` (one fault of each kind) so that the chaos run keeps working in CI.
-It restarts the stack's PostgreSQL and Kafka broker, so this tier runs last."""
+"""A short ``make chaos`` (one fault of each kind, lifecycles in the load and holds expire
+runs among the faults) so that the chaos run keeps working in CI. It restarts the stack's
+PostgreSQL and Kafka broker, so this tier runs last."""
 
 from __future__ import annotations
 
@@ -33,3 +34,11 @@ def test_a_short_chaos_run_injects_every_fault_and_holds_every_invariant(live_st
     assert all(int(faults[k]) >= 1 for k in KINDS)
     assert "checker: all invariants hold" in out
     assert not re.search(r"^FAIL  ", out, re.M), "no invariant line says FAIL"
+    # lifecycles in the load, holds expire among the faults, and holds it ended
+    lifecycles = dict(re.findall(r"^  ([a-z][a-z_ ,()*0-9]+?)\s+(\d+)$",
+                                 out.split("lifecycles (the log")[1].split("\n\n")[0], re.M))
+    assert int(lifecycles["lifecycle messages sent (lc_*)"]) > 100, lifecycles
+    assert int(lifecycles.get("holds expire runs, exit 0", 0)) >= 1, lifecycles
+    for end in ("holds expired", "holds reversed", "holds cleared"):
+        assert int(lifecycles[end]) > 0, lifecycles
+    assert "PASS  every hold is what the log implies" in out

@@ -1,8 +1,9 @@
 """docker-compose.yml run for real: its payauth services (the topics job, the migrate job,
 three worker replicas) with docker-compose.local-stack.yml pointing them at the local
-stack, by `docker compose` where docker answers, else podman-compose (from PyPI, installed
-under .stack/tools when missing). The replicas share one group; `down` stops them
-cleanly (each leaves the group as it exits, long before its session would time out)."""
+stack, by `docker compose` where docker answers, else podman-compose (from PyPI,
+hash-checked against podman-compose.lock, installed under .stack/tools when missing). The
+replicas share one group; `down` stops them cleanly (each leaves the group as it exits, long
+before its session would time out)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from tests.support.factory import auth_message, encode
 from tests.support.workers import wait_caught_up, wait_until
 
 TOOLS = stack.ROOT / ".stack/tools"
-PODMAN_COMPOSE = "podman-compose==1.6.0"
+PODMAN_COMPOSE_LOCK = Path(__file__).with_name("podman-compose.lock")
 FILES = ["-f", "docker-compose.yml", "-f", "docker-compose.local-stack.yml"]
 
 
@@ -35,11 +36,14 @@ def compose(engine: Engine) -> list[str]:
         made = subprocess.run([sys.executable, "-m", "venv", str(TOOLS)], capture_output=True,
                               text=True, timeout=120)
         assert made.returncode == 0, made.stderr
-        installed = subprocess.run([str(TOOLS / "bin/pip"), "install", "-q", PODMAN_COMPOSE],
+        # Hash-checked, as the project's own dependencies are; a failed install fails the
+        # tier (a skip would pass a compose file nobody ran).
+        installed = subprocess.run([str(TOOLS / "bin/pip"), "install", "-q", "--require-hashes",
+                                    "-r", str(PODMAN_COMPOSE_LOCK)],
                                    capture_output=True, text=True, timeout=600)
-        if installed.returncode != 0:
-            pytest.skip(f"{PODMAN_COMPOSE} could not be installed: "
-                        f"{installed.stderr.strip()[-300:]}")
+        assert installed.returncode == 0, (f"podman-compose could not be installed from "
+                                           f"{PODMAN_COMPOSE_LOCK.name}: "
+                                           f"{installed.stderr.strip()[-300:]}")
     return [str(binary)]
 
 

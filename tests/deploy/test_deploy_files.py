@@ -79,3 +79,23 @@ def test_the_image_ships_the_runtime_not_the_dev_tools() -> None:
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert "service/devtools" in ignored and "tests" in ignored
     assert "COPY service/ /app/service/" in (ROOT / "Dockerfile").read_text()
+
+
+def _pins(text: str) -> dict[str, str]:
+    """name==version line -> the whole entry (the pin and its hashes)."""
+    entries: dict[str, str] = {}
+    text = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    for block in re.split(r"\n(?=[a-z0-9])", text):
+        first = block.split(" ", 1)[0]
+        if "==" in first:
+            entries[first.split("==")[0]] = " ".join(block.split())
+    return entries
+
+
+def test_podman_compose_is_hash_pinned_with_the_dev_locks_dependencies() -> None:
+    lock = _pins((ROOT / "tests/containers/podman-compose.lock").read_text())
+    dev = _pins((ROOT / "requirements-dev.lock").read_text())
+    assert set(lock) == {"podman-compose", "python-dotenv", "pyyaml"}
+    assert all("--hash=sha256:" in entry for entry in lock.values()), lock
+    assert {name: lock[name] for name in ("python-dotenv", "pyyaml")} == \
+        {name: dev[name] for name in ("python-dotenv", "pyyaml")}

@@ -1,5 +1,5 @@
 """deploy/k8s/overlays/ha: the worker with CloudNativePG, Strimzi and Redis Sentinel
-(spotahome redis-operator). No cluster here to apply them to: the manifests are read, held
+(OT-CONTAINER-KIT redis-operator). No cluster here to apply them to: the manifests are read, held
 to each other (the names and ports the operators give their Services are the ones the
 worker's settings name) and to the service's own settings and durability rules."""
 
@@ -59,8 +59,9 @@ def test_every_resource_named_exists_and_parses() -> None:
         assert (HA / name).is_file(), name
         assert _docs(HA / name)
     kinds = sorted(d["kind"] for d in _resources())
-    assert kinds == ["Cluster", "Kafka", "KafkaNodePool", "KafkaTopic", "KafkaTopic",
-                     "KafkaTopic", "KafkaUser", "RedisFailover"]
+    assert kinds == ["Cluster", "ConfigMap", "Kafka", "KafkaNodePool", "KafkaTopic",
+                     "KafkaTopic", "KafkaTopic", "KafkaUser", "RedisReplication",
+                     "RedisSentinel"]
 
 
 def test_the_worker_settings_of_the_overlay_validate() -> None:
@@ -154,15 +155,39 @@ def test_the_kafka_user_may_do_what_the_worker_does_and_no_more() -> None:
 
 
 def test_redis_is_watched_by_three_sentinels_the_worker_asks() -> None:
-    failover = _one("RedisFailover")
-    assert failover["spec"]["sentinel"]["replicas"] == 3
-    assert failover["spec"]["redis"]["replicas"] >= 2
+    replication, sentinel = _one("RedisReplication"), _one("RedisSentinel")
+    assert replication["spec"]["clusterSize"] >= 2  # a master and a replica at least
+    assert sentinel["spec"]["clusterSize"] == 3
+    config = sentinel["spec"]["redisSentinelConfig"]
+    assert config["redisReplicationName"] == replication["metadata"]["name"]
+    assert int(config["quorum"]) == 2  # a majority of the three
     settings = _worker_settings()
-    # spotahome's Sentinel Service is rfs-<name> on 26379; the master name is mymaster
-    assert settings.sentinel_addresses() == [(f"rfs-{failover['metadata']['name']}", 26379)]
-    assert settings.redis_sentinel_master == "mymaster"
-    auth = failover["spec"]["auth"]["secretPath"]
-    assert any(d["metadata"]["name"] == auth for d in _docs(HA / "secret.example.yaml"))
+    # the operator's Sentinel Service is <RedisSentinel name>-sentinel, on 26379
+    assert settings.sentinel_addresses() == [(f"{sentinel['metadata']['name']}-sentinel", 26379)]
+    assert settings.redis_sentinel_master == config["masterGroupName"]
+    # Redis requires the password of one Secret, the Sentinels give that one to the master,
+    # and the worker's URL carries it (secret.example.yaml: the same Secret's value)
+    secret = replication["spec"]["kubernetesConfig"]["redisSecret"]
+    assert config["redisReplicationPassword"]["secretKeyRef"] == secret
+    auth = next(d for d in _docs(HA / "secret.example.yaml")
+                if d["metadata"]["name"] == secret["name"])
+    assert secret["key"] in auth["stringData"]
+    url = urlsplit(_worker_settings().redis_url.get_secret_value())
+    assert url.password == auth["stringData"][secret["key"]]
+    # the Sentinels take no password, so the worker is given none for them
+    assert "redisSecret" not in sentinel["spec"]["kubernetesConfig"]
+    assert not settings.redis_sentinel_password.get_secret_value()
+
+
+def test_redis_memory_settings_reach_redis() -> None:
+    """RedisReplication takes extra redis.conf lines only from a ConfigMap it names, whose
+    key redis-additional.conf is the file Redis includes."""
+    name = _one("RedisReplication")["spec"]["redisConfig"]["additionalRedisConfig"]
+    config = next(d for d in _resources()
+                  if d["kind"] == "ConfigMap" and d["metadata"]["name"] == name)
+    lines = config["data"]["redis-additional.conf"].splitlines()
+    assert "maxmemory-policy volatile-ttl" in lines
+    assert any(line.startswith("maxmemory ") for line in lines)
 
 
 def test_the_worker_trusts_the_kafka_cluster_ca_where_its_settings_look() -> None:
@@ -191,7 +216,8 @@ def test_kustomize_builds_both_the_base_and_the_overlay() -> None:
     job = next(d for d in overlay if d["kind"] == "Job")
     env = job["spec"]["template"]["spec"]["containers"][0]["env"]
     assert env[0]["valueFrom"]["secretKeyRef"]["name"] == "payauth-pg-app"
-    config = next(d for d in overlay if d["kind"] == "ConfigMap")
+    config = next(d for d in overlay
+                  if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "payauth-config")
     assert config["data"]["PAYAUTH_REDIS_SENTINEL_MASTER"] == "mymaster"
     assert config["data"]["PAYAUTH_INPUT_TOPIC"] == "payments.authorizations"  # from the base
 
@@ -224,10 +250,10 @@ def test_the_overlay_fails_over_within_the_budget_the_chaos_run_measured() -> No
     assert cluster["switchoverDelay"] <= 60
 
     ha_sh = (ROOT / "deploy/local/ha.sh").read_text()
-    sentinel = _one("RedisFailover")["spec"]["sentinel"]["customConfig"]
+    sentinel = _one("RedisSentinel")["spec"]["redisSentinelConfig"]
     local_down = re.search(r"sentinel down-after-milliseconds \$SENTINEL_MASTER (\d+)", ha_sh)
     assert local_down
-    assert f"down-after-milliseconds {local_down.group(1)}" in sentinel
+    assert sentinel["downAfterMilliseconds"] == local_down.group(1)
 
 
 def test_the_workers_client_follows_a_leader_move_within_seconds() -> None:

@@ -75,6 +75,11 @@ def test_one_failover_of_each_engine_holds_every_invariant(tmp_path: Path) -> No
         assert 0 < first <= every, line
     decided = int(re.search(r"messages decided during the run\s+(\d+)", out).group(1))
     assert decided > 1000, out[-3000:]
+    # lifecycles in the load, and holds expire among the failovers
+    lifecycles = _section(out, "lifecycles (the log")
+    assert int(re.search(r"lifecycle messages sent \(lc_\*\)\s+(\d+)", lifecycles)
+               .group(1)) > 100, lifecycles
+    assert re.search(r"holds expire runs, exit 0\s+[1-9]", lifecycles), lifecycles
     # the refused writes were retried, not skipped (an event missing would have failed a
     # check above; this says the fault did refuse them)
     retries = dict(re.findall(r"^  ([a-z_]+)\s+(\d+)$", _section(out, "batch retries by cause"),

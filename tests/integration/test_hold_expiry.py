@@ -11,7 +11,7 @@ import sys
 from collections import Counter
 from decimal import Decimal
 
-from tests.integration.test_lifecycle import _balances, _hold, _msg, _names, _run, _send_more
+from tests.support import lifecycle as lc
 from tests.support import stack
 from tests.support.factory import encode
 from tests.support.workers import payauth, wait_caught_up
@@ -33,10 +33,10 @@ def _expire_at_once(env: stack.Env, runs: int, **overrides: str) -> list[tuple[i
 
 def test_two_expiry_runs_at_once_under_a_running_worker_end_each_hold_once(
         env, spawn_worker) -> None:
-    accounts = [f"EXP-{i}-{_names('a')['a']}" for i in range(4)]
+    accounts = [f"EXP-{i}-{lc.names('a')['a']}" for i in range(4)]
     asyncio.run(stack.seed_accounts(env.dsn, [(a, "10000.00", "EUR") for a in accounts]))
     holds = [f"{a}-H{j}" for a in accounts for j in range(10)]
-    _run(env, spawn_worker, [_msg(h, "AUTHORIZATION", h.rsplit("-H", 1)[0], "10.00")
+    lc.run(env, spawn_worker, [lc.msg(h, "AUTHORIZATION", h.rsplit("-H", 1)[0], "10.00")
                              for h in holds])
     old, young = holds[::2], holds[1::2]
     _age(env, old, 2)  # older than 1.5 h; the others were just placed
@@ -50,7 +50,7 @@ def test_two_expiry_runs_at_once_under_a_running_worker_end_each_hold_once(
     # While the runs go, the worker clears some of the old holds (and some young ones).
     cleared = old[:6] + young[:2]
     stack.produce(env.input_topic, [
-        (h.rsplit("-H", 1)[0].encode(), encode(_msg(f"{h}-C", "CLEARING", h.rsplit("-H", 1)[0],
+        (h.rsplit("-H", 1)[0].encode(), encode(lc.msg(f"{h}-C", "CLEARING", h.rsplit("-H", 1)[0],
                                                     "10.00", h))) for h in cleared])
     done = _expire_at_once(env, 2, PAYAUTH_HOLD_EXPIRY_HOURS="1.5")
     assert [rc for rc, _ in done] == [0, 0], done
@@ -83,7 +83,7 @@ def test_two_expiry_runs_at_once_under_a_running_worker_end_each_hold_once(
                                        "'EXPIRED' AND expiry_published_at IS NULL")
     assert unpublished[0]["n"] == 0
     for a in accounts:
-        balance, held, available = _balances(env, a)
+        balance, held, available = lc.balances(env, a)
         assert available == balance - held
     # The ledger moved only by the clearings.
     posted = stack.fetch(env.dsn, "SELECT count(*) AS n, sum(amount) AS s FROM ledger_entries")
@@ -96,46 +96,46 @@ def test_two_expiry_runs_at_once_under_a_running_worker_end_each_hold_once(
 
 
 def test_a_clearing_after_expiry_posts_and_releases_nothing(env, spawn_worker) -> None:
-    t = _names("hold", "clr", "rev", "acc")
+    t = lc.names("hold", "clr", "rev", "acc")
     acc = t["acc"]
     asyncio.run(stack.seed_accounts(env.dsn, [(acc, "100.00", "EUR")]))
-    _run(env, spawn_worker, [_msg(t["hold"], "AUTHORIZATION", acc, "40.00")])
+    lc.run(env, spawn_worker, [lc.msg(t["hold"], "AUTHORIZATION", acc, "40.00")])
     _age(env, [t["hold"]], 200)
     done = payauth(env, "holds", "expire", "--execute")  # the default: 168 h
     assert done.returncode == 0, done.stderr
-    assert _hold(env, t["hold"])["state"] == "EXPIRED"
-    assert _balances(env, acc) == (Decimal("100.00"), 0, Decimal("100.00"))
-    _send_more(env, [_msg(t["rev"], "REVERSAL", acc, "10.00", t["hold"]),
-                     _msg(t["clr"], "CLEARING", acc, "45.00", t["hold"])])
-    assert _balances(env, acc) == (Decimal("55.00"), 0, Decimal("55.00"))
-    hold = _hold(env, t["hold"])
+    assert lc.hold(env, t["hold"])["state"] == "EXPIRED"
+    assert lc.balances(env, acc) == (Decimal("100.00"), 0, Decimal("100.00"))
+    lc.send_more(env, [lc.msg(t["rev"], "REVERSAL", acc, "10.00", t["hold"]),
+                     lc.msg(t["clr"], "CLEARING", acc, "45.00", t["hold"])])
+    assert lc.balances(env, acc) == (Decimal("55.00"), 0, Decimal("55.00"))
+    hold = lc.hold(env, t["hold"])
     assert (hold["state"], hold["released"], hold["ended_by"]) == \
         ("EXPIRED", Decimal("40.00"), None)
 
 
 def test_a_worker_killed_inside_a_reversals_transaction_releases_once(env,
                                                                      spawn_worker) -> None:
-    t = _names("hold", "r1", "r2", "acc")
+    t = lc.names("hold", "r1", "r2", "acc")
     acc = t["acc"]
     asyncio.run(stack.seed_accounts(env.dsn, [(acc, "100.00", "EUR")]))
-    first = _run(env, spawn_worker, [_msg(t["hold"], "AUTHORIZATION", acc, "50.00")])
+    first = lc.run(env, spawn_worker, [lc.msg(t["hold"], "AUTHORIZATION", acc, "50.00")])
     first.kill()
     stack.produce(env.input_topic, [(acc.encode(), encode(m)) for m in (
-        _msg(t["r1"], "REVERSAL", acc, "30.00", t["hold"]),
-        _msg(t["r2"], "REVERSAL", acc, "30.00", t["hold"]))])
+        lc.msg(t["r1"], "REVERSAL", acc, "30.00", t["hold"]),
+        lc.msg(t["r2"], "REVERSAL", acc, "30.00", t["hold"]))])
     doomed = spawn_worker(env, "doomed", PAYAUTH_TEST_FAULT_POINT="inside_db_transaction")
     assert doomed.wait_exit(90) == -signal.SIGKILL
     assert doomed.events("fault_injected"), doomed.raw_log()[-2000:]
     # Its writes never committed: the hold as placed, no reversal recorded.
-    assert _hold(env, t["hold"])["remaining"] == Decimal("50.00")
+    assert lc.hold(env, t["hold"])["remaining"] == Decimal("50.00")
     assert stack.fetch(env.dsn, "SELECT count(*) AS n FROM lifecycle_messages "
                                 "WHERE kind = 'REVERSAL'")[0]["n"] == 0
 
     spawn_worker(env, "replacement")
     wait_caught_up(env.group_id, env.input_topic, env.partitions)
-    hold = _hold(env, t["hold"])
+    hold = lc.hold(env, t["hold"])
     assert (hold["remaining"], hold["state"], hold["ended_by"]) == (0, "REVERSED", t["r2"])
-    assert _balances(env, acc) == (Decimal("100.00"), 0, Decimal("100.00"))
+    assert lc.balances(env, acc) == (Decimal("100.00"), 0, Decimal("100.00"))
     applied = stack.fetch(env.dsn, "SELECT txn_id, amount_applied FROM lifecycle_messages "
                                    "WHERE kind = 'REVERSAL' ORDER BY txn_id")
     assert {r["txn_id"]: r["amount_applied"] for r in applied} == \

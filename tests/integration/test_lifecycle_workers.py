@@ -10,7 +10,7 @@ import time
 from decimal import Decimal
 from typing import Any
 
-from tests.integration.test_lifecycle import _balances, _hold, _msg, _names, _verified
+from tests.support import lifecycle as lc
 from tests.support import stack
 from tests.support.factory import encode
 from tests.support.workers import wait_caught_up
@@ -21,23 +21,23 @@ def _lives(account: str, tag: str) -> list[dict[str, Any]]:
     redelivered) and cleared; an orphan reversal before its hold; an advice; a purchase
     reversed in part."""
     a, b, p = f"{tag}-A", f"{tag}-B", f"{tag}-P"
-    r1 = _msg(f"{tag}-R1", "REVERSAL", account, "30.00", a)
+    r1 = lc.msg(f"{tag}-R1", "REVERSAL", account, "30.00", a)
     return [
-        _msg(a, "AUTHORIZATION", account, "100.00"),
+        lc.msg(a, "AUTHORIZATION", account, "100.00"),
         r1,
-        _msg(f"{tag}-R2", "REVERSAL", account, "30.00", a),
+        lc.msg(f"{tag}-R2", "REVERSAL", account, "30.00", a),
         r1,
-        _msg(f"{tag}-C", "CLEARING", account, "50.00", a),
-        _msg(f"{tag}-RB", "REVERSAL", account, "20.00", b),
-        _msg(b, "AUTHORIZATION", account, "60.00"),
-        _msg(f"{tag}-ADV", "ADVICE", account, "10.00"),
-        _msg(p, "PURCHASE", account, "40.00"),
-        _msg(f"{tag}-RP", "REVERSAL", account, "15.00", p),
+        lc.msg(f"{tag}-C", "CLEARING", account, "50.00", a),
+        lc.msg(f"{tag}-RB", "REVERSAL", account, "20.00", b),
+        lc.msg(b, "AUTHORIZATION", account, "60.00"),
+        lc.msg(f"{tag}-ADV", "ADVICE", account, "10.00"),
+        lc.msg(p, "PURCHASE", account, "40.00"),
+        lc.msg(f"{tag}-RP", "REVERSAL", account, "15.00", p),
     ]
 
 
 def test_lifecycles_survive_a_killed_worker(env, spawn_worker) -> None:
-    run = _names("x")["x"]
+    run = lc.names("x")["x"]
     accounts = [f"{run}-ACC{i}" for i in range(12)]
     asyncio.run(stack.seed_accounts(env.dsn, [(a, "1000.00", "EUR") for a in accounts]))
     streams = {a: _lives(a, f"{a}-L") for a in accounts}
@@ -55,9 +55,9 @@ def test_lifecycles_survive_a_killed_worker(env, spawn_worker) -> None:
 
     for a in accounts:
         # cleared 50, purchase 40 of which 15 credited back; held: B 60 - 20, the advice 10
-        assert _balances(env, a) == (Decimal("925.00"), Decimal("50.00"), Decimal("875.00")), a
+        assert lc.balances(env, a) == (Decimal("925.00"), Decimal("50.00"), Decimal("875.00")), a
         tag = f"{a}-L"
-        assert (_hold(env, f"{tag}-A")["state"], _hold(env, f"{tag}-A")["released"]) == \
+        assert (lc.hold(env, f"{tag}-A")["state"], lc.hold(env, f"{tag}-A")["released"]) == \
             ("CLEARED", Decimal("40.00"))
-        assert _hold(env, f"{tag}-B")["remaining"] == Decimal("40.00")
-    _verified(env)
+        assert lc.hold(env, f"{tag}-B")["remaining"] == Decimal("40.00")
+    lc.verified(env)

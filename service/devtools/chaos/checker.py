@@ -7,6 +7,15 @@ Every message sent must be accounted for exactly once:
 - *dead-lettered*: a DLQ record names it as its source (invalid input, conflicts);
 - *duplicate*: another message with the same transaction_id and payload was decided.
 A message that is none of these was lost; one that is two of them was handled twice.
+
+The money is held to what the log implies (lifecycle_model.py, the contract's rules
+modelled apart from the SQL): every account's ledger balance, held and available amounts
+(the view ``account_balances``), every transaction's ledger entry, every hold's state and
+its one end (``holds.state``/``ended_by`` against the messages that say they ended it,
+``lifecycle_messages.ended_hold``). Expiry is the one effect not in the log: the holds the
+database says EXPIRED are taken from it, and held to what an expiry may do (end an active
+hold, release what remained at some point of its life, not before its age; one
+``HoldExpired`` each).
 """
 
 from __future__ import annotations
@@ -15,6 +24,8 @@ import asyncio
 import json
 from collections import defaultdict
 from dataclasses import dataclass, field
+from datetime import timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +37,7 @@ from service.adapters.kafka.admin import group_lag, read_snapshot
 from service.adapters.kafka.config import client_config
 from service.adapters.redis_cache import BUCKET_PREFIX, master_options, sentinel_options
 from service.config import Settings
+from service.devtools.chaos.lifecycle_model import Expected, implied_by
 from service.domain.dedup import read_fast_path_value
 from service.domain.events import event_time
 from service.ops.verify import verify
@@ -45,6 +57,7 @@ class Finding:
 class Report:
     findings: list[Finding]
     accounted: dict[str, int]
+    lifecycle: dict[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -73,20 +86,35 @@ def read_all(settings: Settings, topic: str) -> list[Any]:
                          topic)
 
 
-async def _database(dsn: str, txns: list[str]) -> dict[str, Any]:
+async def _database(dsn: str, txns: list[str], accounts: list[str]) -> dict[str, Any]:
     conn = await asyncpg.connect(dsn)
     try:
         processed = {r["txn_id"]: r for r in await conn.fetch(
             "SELECT txn_id, result, fingerprint, source_partition, source_offset, processed_at "
             "FROM processed_transactions WHERE txn_id = ANY($1::text[])", txns)}
         ledger: dict[str, int] = defaultdict(int)
-        for r in await conn.fetch("SELECT txn_id FROM ledger_entries "
+        amounts: dict[str, list[Decimal]] = defaultdict(list)
+        for r in await conn.fetch("SELECT txn_id, amount FROM ledger_entries "
                                   "WHERE txn_id = ANY($1::text[])", txns):
             ledger[r["txn_id"]] += 1
+            amounts[r["txn_id"]].append(r["amount"])
+        balances = {r["account_id"]: r for r in await conn.fetch(
+            "SELECT b.account_id, a.opening_balance, b.balance, b.held, b.available "
+            "FROM account_balances b JOIN accounts a USING (account_id) "
+            "WHERE b.account_id = ANY($1::text[])", accounts)}
+        holds = {r["txn_id"]: r for r in await conn.fetch(
+            "SELECT txn_id, account_id, amount, remaining, state, ended_by, released, "
+            "placed_at, ended_at FROM holds WHERE account_id = ANY($1::text[])", accounts)}
+        enders: dict[str, list[str]] = defaultdict(list)
+        for r in await conn.fetch("SELECT txn_id, original_txn_id FROM lifecycle_messages "
+                                  "WHERE ended_hold AND account_id = ANY($1::text[])",
+                                  accounts):
+            enders[r["original_txn_id"]].append(r["txn_id"])
         idle = await conn.fetchval(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
             "AND state LIKE 'idle in transaction%'")
-        return {"processed": processed, "ledger": ledger, "idle": idle}
+        return {"processed": processed, "ledger": ledger, "amounts": amounts,
+                "balances": balances, "holds": holds, "enders": enders, "idle": idle}
     finally:
         await conn.close()
 
@@ -106,7 +134,10 @@ def _redis(settings: Settings) -> redis.Redis:
                                 socket_timeout=5)
 
 
-def check(settings: Settings, log_path: Path, *, redis_prefix: str | None = None) -> Report:
+def check(settings: Settings, log_path: Path, *, redis_prefix: str | None = None,
+          hold_expiry_hours: float | None = None) -> Report:
+    """``hold_expiry_hours``: the run's ``PAYAUTH_HOLD_EXPIRY_HOURS``, below which no hold
+    may have expired (None: not checked)."""
     log = read_log(log_path)
     dsn = settings.database_url.get_secret_value()
     dlq = read_all(settings, settings.dlq_topic)
@@ -115,8 +146,9 @@ def check(settings: Settings, log_path: Path, *, redis_prefix: str | None = None
     # report was lost, one that should have been refused): every one is looked up
     txns = sorted({m["txn"] for m in log if m["txn"]}
                   | {json.loads(rec.value())["transaction_id"] for rec in output})
-    db = asyncio.run(_database(dsn, txns))
+    db = asyncio.run(_database(dsn, txns, sorted({m["key"] for m in log})))
     processed, ledger = db["processed"], db["ledger"]
+    model = implied_by(log)
 
     findings: list[Finding] = []
 
@@ -179,7 +211,8 @@ def check(settings: Settings, log_path: Path, *, redis_prefix: str | None = None
 
     # --- per transaction: decided once, rightly, first payload, ledger
     decisions = Finding("each transaction decided once, as expected, on its first payload")
-    money = Finding("each approved transaction has exactly one ledger entry, others none")
+    money = Finding("each transaction has the ledger entry the log implies (a posting's "
+                    "amount), others none")
     expected: dict[str, str] = {}
     for m in log:
         if m["txn"] and m["expect"] in ("approved", "declined"):
@@ -195,18 +228,22 @@ def check(settings: Settings, log_path: Path, *, redis_prefix: str | None = None
             decisions.violations.append(f"{txn}: {row['result']} but expected {want}")
         if row["fingerprint"] != first_fp[txn]:
             decisions.violations.append(f"{txn}: stored payload is not the first one sent")
-        entries = ledger.get(txn, 0)
-        if (row["result"] == "APPROVED" and entries != 1) or \
-                (row["result"] == "DECLINED" and entries != 0):
-            money.violations.append(f"{txn}: {row['result']} with {entries} ledger entries")
+    for txn in expected_txns(log):
+        entries, posting = db["amounts"].get(txn, []), model.ledger.get(txn)
+        if entries != ([] if posting is None else [posting]):
+            money.violations.append(f"{txn}: ledger {[str(e) for e in entries]}, the log "
+                                    f"implies {'none' if posting is None else posting}")
     findings += [decisions, money]
+    findings += lifecycle_findings(model, db, hold_expiry_hours)
 
     # --- the output topic
     events = Finding("an event for every decided transaction; repeats identical")
     by_txn: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    expiries: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for rec in output:
         event = json.loads(rec.value())
-        by_txn[event["transaction_id"]].append(event)
+        (expiries if event["event_type"] == "HoldExpired" else by_txn)[
+            event["transaction_id"]].append(event)
     for txn, row in processed.items():
         seen = by_txn.get(txn)
         if not seen:
@@ -214,6 +251,25 @@ def check(settings: Settings, log_path: Path, *, redis_prefix: str | None = None
         elif any(e != seen[0] for e in seen) or seen[0]["result"] != row["result"]:
             events.violations.append(f"{txn}: {len(seen)} events differ or disagree with DB")
     findings.append(events)
+
+    # --- an expiry's event: one per expired hold (republications the same), none for another
+    expiry_events = Finding("a HoldExpired for every expired hold, with what it released; "
+                            "none for another")
+    for txn, hold in db["holds"].items():
+        seen = expiries.get(txn, [])
+        if hold["state"] != "EXPIRED":
+            if seen:
+                expiry_events.violations.append(f"{txn}: HoldExpired for a {hold['state']} "
+                                                "hold")
+        elif not seen:
+            expiry_events.violations.append(f"{txn}: expired, no HoldExpired")
+        elif any(e != seen[0] for e in seen) or \
+                Decimal(seen[0]["amount_released"]) != hold["released"]:
+            expiry_events.violations.append(f"{txn}: HoldExpired events differ or disagree "
+                                            f"with the released {hold['released']}")
+    expiry_events.violations += [f"{txn}: HoldExpired for no hold" for txn in expiries
+                                 if txn not in db["holds"]]
+    findings.append(expiry_events)
 
     # --- what was announced is what the database holds. A decision published (and its
     # offset committed) that the database lost, as a failover to a standby that lacked the
@@ -262,4 +318,66 @@ def check(settings: Settings, log_path: Path, *, redis_prefix: str | None = None
     if db["idle"]:
         idle.violations.append(f"{db['idle']} session(s) idle in transaction")
     findings.append(idle)
-    return Report(findings, dict(accounted))
+    ends: dict[str, int] = defaultdict(int)
+    for hold in db["holds"].values():
+        ends[str(hold["state"]).lower()] += 1
+    return Report(findings, dict(accounted), {
+        "lifecycle messages decided": model.lifecycle_decided,
+        "holds placed": len(db["holds"]), "holds expired": ends["expired"],
+        "holds reversed": ends["reversed"], "holds cleared": ends["cleared"],
+        "holds still active": ends["active"],
+        "orphan reversals still waiting": model.orphans_waiting})
+
+
+def expected_txns(log: list[dict[str, Any]]) -> set[str]:
+    return {m["txn"] for m in log if m["txn"] and m["expect"] in ("approved", "declined")}
+
+
+def lifecycle_findings(model: Expected, db: dict[str, Any],
+                       hold_expiry_hours: float | None) -> list[Finding]:
+    """The accounts' balances and the holds' lives against the model (see the module's
+    docstring), the expiries taken from the database."""
+    holds, enders = db["holds"], db["enders"]
+    expired = {txn for txn, row in holds.items() if row["state"] == "EXPIRED"}
+    held = model.held(expired)
+    balances = Finding("every account's balance, held and available are what the log "
+                       "implies (account_balances)")
+    for account, row in db["balances"].items():
+        balance = row["opening_balance"] + model.balance_delta.get(account, Decimal(0))
+        keeps = held.get(account, Decimal(0))
+        implied = (balance, keeps, balance - keeps)
+        seen = (row["balance"], row["held"], row["available"])
+        if seen != implied:
+            balances.violations.append(
+                f"{account}: balance/held/available {'/'.join(map(str, seen))}, the log "
+                f"implies {'/'.join(map(str, implied))}")
+
+    ends = Finding("every hold is what the log implies and ends at most once (expiries "
+                   "from the database)")
+    for txn, hold in model.holds.items():
+        row = holds.get(txn)
+        if row is None:
+            ends.violations.append(f"{txn}: approved {hold.amount}, no hold")
+            continue
+        said = sorted(enders.get(txn, []))
+        if row["state"] == "EXPIRED":
+            if said or row["ended_by"]:
+                ends.violations.append(f"{txn}: expired, and ended by {said or row['ended_by']}"
+                                       " too")
+            if row["released"] not in hold.while_active:
+                ends.violations.append(f"{txn}: expiry released {row['released']}, the hold "
+                                       f"kept {hold.while_active or 'nothing'} while active")
+            if hold_expiry_hours is not None and \
+                    row["ended_at"] - row["placed_at"] < timedelta(hours=hold_expiry_hours):
+                ends.violations.append(f"{txn}: expired {row['ended_at'] - row['placed_at']} "
+                                       "after it was placed, before its age")
+            continue
+        life = (row["amount"], row["remaining"], row["state"], row["ended_by"], said)
+        lived = (hold.amount, hold.remaining, hold.state, hold.ended_by,
+                 [hold.ended_by] if hold.ended_by else [])
+        if life != lived:
+            ends.violations.append(f"{txn}: amount/remaining/state/ended_by/ended by "
+                                   f"{life}, the log implies {lived}")
+    ends.violations += [f"{txn}: a hold the log never placed" for txn in holds
+                        if txn not in model.holds]
+    return [balances, ends]

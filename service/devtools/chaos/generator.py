@@ -10,14 +10,26 @@ delivery report):
 
     {"seq": 17, "kind": "dup_new_message_id", "txn": "CH-ab12-000017", "fp": "…",
      "expect": "approved", "reason": null, "partition": 3, "offset": 1204,
-     "key": "…", "acked": 1796021814.761}
+     "key": "…", "acked": 1796021814.761,
+     "type": "REVERSAL", "amount": "12.50", "original": "CH-ab12-000009", "pinned": false}
 
 ``expect`` is the transaction's result (approved/declined), or ``conflict`` / ``invalid``
-for messages that must end in the dead-letter topic (``reason`` then says which).
+for messages that must end in the dead-letter topic (``reason`` then says which). A valid
+message also carries its ``type``, ``amount`` and ``original`` (what the checker's model of
+the money reads, lifecycle_model.py); ``pinned`` marks one sent to a partition of the
+generator's choosing rather than its key's.
+
+Among the purchases go lifecycles (``lc_*`` kinds, lifecycles.py): a share
+(``lifecycle_share``) of the steps starts one, whose later messages are sent when due,
+spread over ``lifecycle_span`` seconds (long enough for some holds to expire in between);
+``close()`` sends what is still due before it flushes, so the log holds every lifecycle
+whole. Their duplicates stay on the key's partition: an order across partitions is one the
+log cannot know.
 """
 
 from __future__ import annotations
 
+import heapq
 import json
 import logging
 import random
@@ -33,6 +45,7 @@ from typing import IO, Any
 import asyncpg
 from confluent_kafka import Producer
 
+from service.devtools.chaos.lifecycles import Planned, Scripts
 from service.devtools.demo import authorization_message
 from service.domain.messages import decode_authorization
 from service.logs import librdkafka_logger
@@ -81,7 +94,9 @@ _INVALID: list[tuple[str, str]] = [
 class LoadGenerator:
     def __init__(self, *, bootstrap: str, topic: str, partitions: int, run: str,
                  accounts: Accounts, log_path: Path, seed: int,
-                 late_after_seconds: float = 30.0) -> None:
+                 late_after_seconds: float = 30.0, lifecycle_share: float = 0.08,
+                 lifecycle_span: float = 40.0,
+                 orphan_purchase_reversals: bool = True) -> None:
         self._producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
                                    "acks": "all", "linger.ms": 5,
                                    "message.timeout.ms": 300_000,
@@ -97,14 +112,26 @@ class LoadGenerator:
         self._seq = 0
         self._txn_seq = 0
         self._late_after = late_after_seconds
-        # Messages kept for later duplicates: (sent_at, key, raw, txn, fp, expect)
-        self._history: deque[tuple[float, str, bytes, str, str, str]] = deque(maxlen=5000)
+        # Messages kept for later duplicates: (sent_at, key, raw, txn, fp, expect, fields)
+        self._history: deque[tuple[float, str, bytes, str, str, str, dict[str, Any]]] = \
+            deque(maxlen=5000)
+        self._lifecycle_share = lifecycle_share
+        self._scripts = Scripts(self._rng, self._txn_id, span=lifecycle_span,
+                                orphan_purchase_reversals=orphan_purchase_reversals)
+        self._due: list[tuple[float, int, Planned]] = []  # heap: (due, order, message)
+        self._planned = 0
         self.sent: Counter[str] = Counter()
         self.failed: list[str] = []
 
+    @property
+    def lifecycle_sent(self) -> int:
+        """Messages of lifecycles sent (their duplicates and conflicts included)."""
+        return sum(n for kind, n in self.sent.items() if kind.startswith("lc_"))
+
     # ---------------------------------------------------------------- sending
     def _send(self, kind: str, key: str, raw: bytes, *, txn: str | None, fp: str | None,
-              expect: str, reason: str | None = None, partition: int | None = None) -> None:
+              expect: str, reason: str | None = None, partition: int | None = None,
+              fields: dict[str, Any] | None = None) -> None:
         self._seq += 1
         seq = self._seq
 
@@ -114,7 +141,8 @@ class LoadGenerator:
                 return
             line = {"seq": seq, "kind": kind, "txn": txn, "fp": fp, "expect": expect,
                     "reason": reason, "partition": msg.partition(), "offset": msg.offset(),
-                    "key": key, "acked": round(time.time(), 3)}
+                    "key": key, "acked": round(time.time(), 3), **(fields or {}),
+                    "pinned": partition is not None}
             with self._log_lock:
                 self._log.write(json.dumps(line) + "\n")
 
@@ -162,46 +190,73 @@ class LoadGenerator:
             txn, account_id=a.missing, amount=amount), "declined"
 
     def step(self) -> None:
-        """Send one new transaction, sometimes followed by duplicates, a conflict or junk."""
+        """Send one new transaction, sometimes followed by duplicates, a conflict or junk;
+        sometimes start a lifecycle; send the lifecycles' messages now due."""
         kind, key, message, expect = self._valid()
+        self._send_new(kind, key, message, expect, lifecycle=False)
+        if self._rng.random() < self._lifecycle_share:
+            start = time.monotonic()
+            for planned in self._scripts.next(self._rng.choice(self._accounts.rich),
+                                              self._accounts.empty):
+                self._planned += 1
+                heapq.heappush(self._due, (start + planned.at, self._planned, planned))
+        self._send_due(time.monotonic())
+        if self._rng.random() < 0.05:
+            self._late_duplicate()
+
+    def _send_due(self, now: float) -> None:
+        while self._due and self._due[0][0] <= now:
+            planned = heapq.heappop(self._due)[2]
+            self._send_new(planned.kind, planned.account, planned.message, planned.expect,
+                           lifecycle=True)
+
+    def _send_new(self, kind: str, key: str, message: dict[str, Any], expect: str, *,
+                  lifecycle: bool) -> None:
+        body = message["body"]
+        fields = {"type": body["authorization_type"], "amount": str(body["amount"]),
+                  "original": body.get("original_transaction_id")}
         raw = json.dumps(message).encode()
         auth = decode_authorization(raw)
         txn, fp = auth.transaction_id, auth.fingerprint
-        self._send(kind, key, raw, txn=txn, fp=fp, expect=expect)
-        self._history.append((time.monotonic(), key, raw, txn, fp, expect))
+        self._send(kind, key, raw, txn=txn, fp=fp, expect=expect, fields=fields)
+        self._history.append((time.monotonic(), key, raw, txn, fp, expect, fields))
+        prefix = "lc_" if lifecycle else ""
         roll = self._rng.random()
         if roll < 0.08:
-            self._send("dup_same_message", key, raw, txn=txn, fp=fp, expect=expect)
+            self._send(prefix + "dup_same_message", key, raw, txn=txn, fp=fp, expect=expect,
+                       fields=fields)
         elif roll < 0.14:
             retry = json.loads(raw)
             retry["headers"]["message_id"] = f"retry-{uuid.uuid4().hex[:12]}"
-            self._send("dup_new_message_id", key, json.dumps(retry).encode(), txn=txn, fp=fp,
-                       expect=expect)
-        elif roll < 0.19:
+            self._send(prefix + "dup_new_message_id", key, json.dumps(retry).encode(),
+                       txn=txn, fp=fp, expect=expect, fields=fields)
+        elif roll < 0.19 and not lifecycle:
+            # only plain purchases and refunds: their order does not matter, a lifecycle's
+            # does (see lifecycle_model.py)
             self._send("dup_other_partition", key, raw, txn=txn, fp=fp, expect=expect,
-                       partition=self._rng.randrange(self._partitions))
+                       partition=self._rng.randrange(self._partitions), fields=fields)
         elif roll < 0.22 and kind != "new_refund":
             conflicting = json.loads(raw)
             conflicting["body"]["amount"] = f"{Decimal(conflicting['body']['amount']) + 1:.2f}"
             conflicting["headers"]["message_id"] = f"conflict-{uuid.uuid4().hex[:12]}"
             # Same key, so the same partition, after the original: the original decides.
-            self._send("conflict", key, json.dumps(conflicting).encode(), txn=txn,
+            self._send(prefix + "conflict", key, json.dumps(conflicting).encode(), txn=txn,
                        fp=decode_authorization(json.dumps(conflicting).encode()).fingerprint,
                        expect="conflict", reason="IDEMPOTENCY_KEY_CONFLICT")
-        elif roll < 0.25:
+        elif roll < 0.25 and not lifecycle:
             name, reason = self._rng.choice(_INVALID)
             self._send(name, key, self._invalid(name, key), txn=None, fp=None,
                        expect="invalid", reason=reason)
-        if self._rng.random() < 0.05:
-            self._late_duplicate()
 
     def _late_duplicate(self) -> None:
         """Re-send a message decided long ago (past the Redis TTL in a chaos run)."""
         now = time.monotonic()
         old = [h for h in list(self._history)[:500] if now - h[0] > self._late_after]
         if old:
-            _, key, raw, txn, fp, expect = self._rng.choice(old)
-            self._send("dup_late_replay", key, raw, txn=txn, fp=fp, expect=expect)
+            _, key, raw, txn, fp, expect, fields = self._rng.choice(old)
+            kind = "lc_dup_late_replay" if fields["type"] not in ("PURCHASE", "REFUND") \
+                else "dup_late_replay"
+            self._send(kind, key, raw, txn=txn, fp=fp, expect=expect, fields=fields)
 
     def _invalid(self, name: str, key: str) -> bytes:
         txn = self._txn_id()
@@ -234,6 +289,7 @@ class LoadGenerator:
                 time.sleep(delay)
 
     def close(self) -> None:
+        self._send_due(float("inf"))  # every lifecycle whole in the log
         remaining = self._producer.flush(300)
         if remaining:
             self.failed.append(f"{remaining} messages never acknowledged")

@@ -3,7 +3,9 @@ failures a bank's payments run on these engines meets, and the same checker and 
 
 Three workers in one group reach the brokers through a TCP proxy each (the brokers'
 PROXIED listener), PostgreSQL through the multi-host URL (``target_session_attrs``), Redis
-through the Sentinels. Two lanes of seeded faults: the worker faults of ``make chaos``, and:
+through the Sentinels. The load is ``make chaos``'s, lifecycles included, and ``payauth
+holds expire`` runs among the faults with the workers' settings (the multi-host URL, the
+proxied brokers). Two lanes of seeded faults: the worker faults of ``make chaos``, and:
 
 - ``postgres_primary_killed``: kill -9 of the primary node (keeper and server); the monitor
   promotes the synchronous secondary; the old primary rejoins as the secondary;

@@ -4,16 +4,25 @@ Over 400 lines: the fault catalogue (one small function per kind, two lanes) and
 supervision share the run's state; the generator, the checker and the TCP proxy are modules
 of their own.
 
-Three workers in one group on the local stack; a load generator with a ground-truth log; two
-lanes of seeded, random faults (workers: kill -9, kill -9 at the commit points, SIGTERM,
-SIGSTOP past the poll interval, a member joining mid-batch, a planned rollback; services:
-Redis stopped/flushed/restarted, PostgreSQL restarted/paused/unreachable, the Kafka broker
-restarted). Then faults stop, the load runs on 15 s past the last one (a fault that ran late
-still strikes under load), lag drains to zero, the checker runs and a table is printed.
+Three workers in one group on the local stack; a load generator with a ground-truth log
+(purchases, refunds and declines, and lifecycles among them: holds, advices, reversals,
+clearings, orphans; see lifecycles.py); ``payauth holds expire --execute`` every few seconds
+while faults strike, two at once sometimes (expiry.py); two lanes of seeded, random faults
+(workers: kill -9, kill -9 at the commit points, SIGTERM, SIGSTOP past the poll interval, a
+member joining mid-batch, a planned rollback; services: Redis stopped/flushed/restarted,
+PostgreSQL restarted/paused/unreachable, the Kafka broker restarted). Then faults (and the
+expiry runs) stop, the load runs on 15 s past the last one (a fault that ran late still
+strikes under load), lag drains to zero, a last expiry run publishes what the others left
+in its outbox, the checker runs and a table is printed.
 Exit 1 on any violation.
 
     CHAOS_SECONDS (default 240)  CHAOS_SEED (default 1)  CHAOS_RATE new transactions/s (100)
     CHAOS_FAULTS_PER_KIND (default max(5, CHAOS_SECONDS // 60))
+    CHAOS_HOLD_EXPIRY_SECONDS (20): the run's PAYAUTH_HOLD_EXPIRY_HOURS, in seconds; a
+      lifecycle's messages spread over twice that, so some holds expire midway
+    CHAOS_ORPHAN_PURCHASE_REVERSALS (1): 0 sends no reversal of a purchase before it
+    CHAOS_LIFECYCLE_SHARE (0.08): the share of the generator's steps that start a lifecycle
+    CHAOS_MAX_BATCH_SIZE (unset: the worker's default): the workers' PAYAUTH_MAX_BATCH_SIZE
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ from service.adapters.kafka.config import client_config
 from service.config import Settings, load_settings
 from service.devtools import scratch
 from service.devtools.chaos.checker import check, read_log
+from service.devtools.chaos.expiry import ExpiryRuns
 from service.devtools.chaos.gaps import CommitObserver, Gap, gaps_by_kind
 from service.devtools.chaos.gaps import render as render_gaps
 from service.devtools.chaos.generator import LoadGenerator, seed_accounts
@@ -119,6 +129,11 @@ class Supervisor:
                 self.slots[slot] = worker
             return worker
 
+    @property
+    def env(self) -> dict[str, str]:
+        """The workers' environment (an operator command of the run takes it too)."""
+        return dict(self._env)
+
     def hold(self, slot: int) -> None:
         self._held.add(slot)
 
@@ -189,6 +204,11 @@ class Chaos:
         self.topics = {n: f"chaos.{self.run}.{n}" for n in ("in", "out", "dlq")}
         self.group = f"chaos-{self.run}"
         self.pg_ours = _pg_is_ours()
+        self.hold_expiry_seconds = float(os.environ.get("CHAOS_HOLD_EXPIRY_SECONDS", "20"))
+        self.orphan_purchase_reversals = \
+            os.environ.get("CHAOS_ORPHAN_PURCHASE_REVERSALS", "1") == "1"
+        self.lifecycle_share = float(os.environ.get("CHAOS_LIFECYCLE_SHARE", "0.08"))
+        self.expiry: ExpiryRuns | None = None
         self.kafka_ours = (ROOT / ".stack/kafka/kafka.pid").exists()
 
     # ------------------------------------------------------------------ setup
@@ -239,7 +259,10 @@ class Chaos:
             "PAYAUTH_SHUTDOWN_TIMEOUT_SECONDS": "15",
             "PAYAUTH_RETRY_BACKOFF_MAX_MS": "2000",
             "PAYAUTH_PURGE_INTERVAL_SECONDS": "0",
+            "PAYAUTH_HOLD_EXPIRY_HOURS": repr(self.hold_expiry_seconds / 3600),
         })
+        if os.environ.get("CHAOS_MAX_BATCH_SIZE"):
+            env["PAYAUTH_MAX_BATCH_SIZE"] = os.environ["CHAOS_MAX_BATCH_SIZE"]
         env.update(where)
         return env
 
@@ -393,7 +416,10 @@ class Chaos:
         generator = LoadGenerator(
             bootstrap=self.settings.kafka_bootstrap_servers, topic=self.topics["in"],
             partitions=PARTITIONS, run=self.run, accounts=self.accounts, log_path=truth,
-            seed=self.seed, late_after_seconds=30)
+            seed=self.seed, late_after_seconds=30,
+            lifecycle_share=self.lifecycle_share, lifecycle_span=2 * self.hold_expiry_seconds,
+            orphan_purchase_reversals=self.orphan_purchase_reversals)
+        self.expiry = ExpiryRuns(self.supervisor.env, self.out / "expiry", self.seed)
         # The load runs CHAOS_SECONDS, and on while a fault that ran late is still striking,
         # then LOAD_AFTER_FAULTS more: every fault strikes under load and is followed by
         # messages, or its gap could not be measured (a slow machine had struck the last
@@ -408,6 +434,7 @@ class Chaos:
         load.start()
         for lane in lanes:
             lane.start()
+        self.expiry.start()
         planned_end = time.monotonic() + self.seconds
         while time.monotonic() < planned_end:
             time.sleep(min(10.0, max(0.0, planned_end - time.monotonic())))
@@ -418,6 +445,7 @@ class Chaos:
         self.stop_faults.set()
         for lane in lanes:
             lane.join()
+        self.expiry.stop()
         time.sleep(LOAD_AFTER_FAULTS)
         stop_load.set()
         load.join()
@@ -425,9 +453,12 @@ class Chaos:
         log(f"load done: {sum(generator.sent.values())} messages sent")
         self.heal()
         caught_up = self.wait_for_zero_lag(timeout=600)
+        if self.expiry.drain() != 0:
+            self.errors.append("the last holds expire run (publishing the outbox) failed")
         observer.stop()
         self.supervisor.stop()
-        report = check(self.worker_settings, truth, redis_prefix=f"CH-{self.run}-")
+        report = check(self.worker_settings, truth, redis_prefix=f"CH-{self.run}-",
+                       hold_expiry_hours=self.hold_expiry_seconds / 3600)
         ok = caught_up and report.ok and not generator.failed and not self.errors
         writes = [(m["acked"], m["partition"], m["offset"]) for m in read_log(truth)]
         text = self.table(generator.sent, report, generator.failed,
@@ -482,6 +513,15 @@ class Chaos:
         lines += ["", "outcomes (from the database and the topics)", "-" * 44]
         lines += [f"  {k:<32}{v:>10}" for k, v in sorted(report.accounted.items())]
         lines.append(f"  {'accounted for':<32}{sum(report.accounted.values()):>10}")
+        lines += ["", "lifecycles (the log, and the holds' ends in the database)", "-" * 44]
+        lines.append(f"  {'lifecycle messages sent (lc_*)':<32}"
+                     f"{sum(v for k, v in sent.items() if k.startswith('lc_')):>10}")
+        lines += [f"  {k:<32}{v:>10}" for k, v in report.lifecycle.items()]
+        if self.expiry is not None:
+            lines += [f"  {'holds expire runs, ' + k:<32}{v:>10}"
+                      for k, v in sorted(self.expiry.outcomes.items())]
+            lines += [f"  {'holds expire, two at once':<32}{self.expiry.concurrent:>10}",
+                      f"  {'holds ended by runs exiting 0':<32}{self.expiry.ended:>10}"]
         lines += ["", "duplicates caught per layer (as scraped before each exit)", "-" * 44]
         for layer in ("redis", "postgres"):
             key = 'payauth_duplicates_total{layer="' + layer + '"}'

@@ -1,18 +1,25 @@
-"""The chaos checker against real runs: it passes a correct run with a crash in it, and it
-catches a planted loss (the negative control: a worker that writes the Redis key before the
-database COMMIT and dies in between)."""
+"""The chaos checker against real runs: it passes a correct run with a crash in it, and one
+with lifecycles and expiry runs (two at once) among them; and it catches a planted loss
+(the negative control: a worker that writes the Redis key before the database COMMIT and
+dies in between), a reversal's release applied twice and a hold ended twice (negative
+controls: each written behind the decision function's back into a correct run's
+database)."""
 
 from __future__ import annotations
 
 import asyncio
 import signal
+import threading
+import time
 import uuid
 from pathlib import Path
 
+import asyncpg
 from pydantic import SecretStr
 
 from service.config import Settings
-from service.devtools.chaos.checker import check, read_log
+from service.devtools.chaos.checker import Report, check, read_log
+from service.devtools.chaos.expiry import ExpiryRuns
 from service.devtools.chaos.generator import LoadGenerator, seed_accounts
 from tests.support import stack
 from tests.support.workers import wait_caught_up
@@ -25,15 +32,60 @@ def settings_for(env: stack.Env) -> Settings:
                     redis_url=SecretStr(env.redis_url))
 
 
-def generate(env: stack.Env, run: str, log: Path, seconds: float = 2.0) -> LoadGenerator:
+def generate(env: stack.Env, run: str, log: Path, seconds: float = 2.0,
+             lifecycle_share: float = 0.08) -> LoadGenerator:
     accounts = asyncio.run(seed_accounts(env.dsn, run, n_rich=10))
     generator = LoadGenerator(bootstrap=stack.BOOTSTRAP, topic=env.input_topic,
                               partitions=env.partitions, run=run, accounts=accounts,
-                              log_path=log, seed=3, late_after_seconds=0.5)
+                              log_path=log, seed=3, late_after_seconds=0.5,
+                              lifecycle_share=lifecycle_share, lifecycle_span=2.0)
     generator.run(seconds=seconds, rate=150)
     generator.close()
     assert not generator.failed
     return generator
+
+
+EXPIRY_HOURS = 0.0002  # 0.72 s: holds expire while their lifecycles are still coming
+
+
+def lifecycle_run(env: stack.Env, spawn_worker, tmp_path: Path, *,
+                  expiry: bool) -> tuple[Path, str]:
+    """A correct run with many lifecycles; with ``expiry``, holds expire runs (two at
+    once, then one) while the load still comes, and a last one publishes the outbox."""
+    run = uuid.uuid4().hex[:6]
+    log = tmp_path / "truth.jsonl"
+    worker = spawn_worker(env, "lifecycles", PAYAUTH_HOLD_EXPIRY_HOURS=str(EXPIRY_HOURS))
+    load = threading.Thread(target=generate, args=(env, run, log),
+                            kwargs={"seconds": 3.0, "lifecycle_share": 0.4})
+    load.start()
+    runs = ExpiryRuns(env.worker_env(PAYAUTH_HOLD_EXPIRY_HOURS=str(EXPIRY_HOURS)),
+                      tmp_path / "expiry", seed=1)
+    if expiry:
+        time.sleep(1.5)
+        both = [threading.Thread(target=runs.run_once) for _ in range(2)]
+        for t in both:
+            t.start()
+        for t in both:
+            t.join()
+        time.sleep(1.0)
+        assert runs.run_once() == 0
+    load.join()
+    wait_caught_up(env.group_id, env.input_topic, env.partitions)
+    if expiry:
+        assert runs.drain() == 0
+        assert runs.outcomes == {"exit 0": 3}, runs.outcomes
+    assert worker.terminate() == 0
+    return log, run
+
+
+def failed(report: Report) -> dict[str, list[str]]:
+    return {f.name: f.violations for f in report.findings if not f.ok}
+
+
+BALANCES = "every account's balance, held and available are what the log implies " \
+    "(account_balances)"
+HOLDS = "every hold is what the log implies and ends at most once (expiries from the " \
+    "database)"
 
 
 def test_checker_passes_a_correct_run_with_a_crash(env, spawn_worker, tmp_path) -> None:
@@ -102,3 +154,78 @@ def test_a_transaction_rolled_back_on_purpose_is_retried(env, spawn_worker, tmp_
     assert worker.terminate() == 0
     report = check(settings_for(env), log, redis_prefix=f"CH-{run}-")
     assert report.ok, report.render()
+
+
+def test_checker_passes_lifecycles_with_expiry_runs_among_them(env, spawn_worker,
+                                                              tmp_path) -> None:
+    log, run = lifecycle_run(env, spawn_worker, tmp_path, expiry=True)
+    report = check(settings_for(env), log, redis_prefix=f"CH-{run}-",
+                   hold_expiry_hours=EXPIRY_HOURS)
+    assert report.ok, report.render()
+    stats = report.lifecycle
+    assert stats["lifecycle messages decided"] > 50, stats
+    for end in ("holds expired", "holds reversed", "holds cleared"):
+        assert stats[end] > 0, stats
+    assert sum(report.accounted.values()) == len(read_log(log))
+    # reversals of purchases sent before them (credited when the purchase arrives) among them
+    assert any(m["kind"] == "lc_orphan_purchase_reversal" for m in read_log(log))
+
+
+async def _plant(dsn: str, sql: str) -> str:
+    conn = await asyncpg.connect(dsn)
+    try:
+        async with conn.transaction():
+            return str(await conn.fetchval(sql))
+    finally:
+        await conn.close()
+
+
+# What a reversal released, released once more: the hold and its account's held amount
+# lowered again, as a release applied twice (a redelivery decided anew) would leave them.
+_RELEASE_AGAIN = """
+WITH released AS (
+    SELECT m.original_txn_id AS hold, m.amount_applied AS amount
+      FROM lifecycle_messages m WHERE m.kind = 'REVERSAL' AND m.amount_applied > 0
+    UNION ALL
+    SELECT o.original_txn_id, o.applied FROM orphan_reversals o
+     WHERE o.state = 'APPLIED' AND o.applied > 0
+), victim AS (
+    SELECT h.txn_id, h.account_id, r.amount FROM released r JOIN holds h ON h.txn_id = r.hold
+     WHERE h.state = 'ACTIVE' AND h.remaining > r.amount ORDER BY h.txn_id LIMIT 1
+), hold AS (
+    UPDATE holds h SET remaining = h.remaining - v.amount FROM victim v
+     WHERE h.txn_id = v.txn_id RETURNING h.txn_id
+), account AS (
+    UPDATE accounts a SET held = a.held - v.amount FROM victim v
+     WHERE a.account_id = v.account_id RETURNING 1
+)
+SELECT (SELECT txn_id FROM hold) FROM account
+"""
+
+# A hold a clearing ended, ended again by an expiry (what an expiry that did not find the
+# hold ended would write).
+_END_AGAIN = """
+UPDATE holds SET state = 'EXPIRED', ended_by = NULL
+ WHERE txn_id = (SELECT txn_id FROM holds WHERE state = 'CLEARED' ORDER BY txn_id LIMIT 1)
+RETURNING txn_id
+"""
+
+
+def test_negative_control_a_reversal_applied_twice_is_reported(env, spawn_worker,
+                                                               tmp_path) -> None:
+    log, run = lifecycle_run(env, spawn_worker, tmp_path, expiry=False)
+    assert check(settings_for(env), log, redis_prefix=f"CH-{run}-").ok
+    hold = asyncio.run(_plant(env.dsn, _RELEASE_AGAIN))
+    assert hold.startswith(f"CH-{run}-"), hold
+    wrong = failed(check(settings_for(env), log, redis_prefix=f"CH-{run}-"))
+    assert any(v.startswith(f"{hold}: amount/remaining") for v in wrong[HOLDS]), wrong
+    assert len(wrong[BALANCES]) == 1, wrong
+
+
+def test_negative_control_a_hold_ended_twice_is_reported(env, spawn_worker, tmp_path) -> None:
+    log, run = lifecycle_run(env, spawn_worker, tmp_path, expiry=False)
+    assert check(settings_for(env), log, redis_prefix=f"CH-{run}-").ok
+    hold = asyncio.run(_plant(env.dsn, _END_AGAIN))
+    assert hold.startswith(f"CH-{run}-"), hold
+    wrong = failed(check(settings_for(env), log, redis_prefix=f"CH-{run}-"))
+    assert any(v.startswith(f"{hold}: expired, and ended by") for v in wrong[HOLDS]), wrong

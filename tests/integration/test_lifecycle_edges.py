@@ -1,0 +1,95 @@
+"""The lifecycle's rules at the edges of the purchase path (migration 011): an orphan
+reversal of a PURCHASE applied when the purchase arrives, whichever statement decides the
+purchase's batch; an ADVICE or CLEARING that cannot be netted against its account
+dead-lettered, never declined. Through a real worker, checked in the database and on the
+topics."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from tests.support import lifecycle as lc
+from tests.support import stack
+from tests.support.workers import payauth
+
+
+def test_an_orphan_reversal_of_a_purchase_is_credited_when_it_arrives(env,
+                                                                     spawn_worker) -> None:
+    t = lc.names("buy", "orph1", "orph2", "later", "acc")
+    acc = t["acc"]
+    lc.seed(env, (acc, "100.00"))
+    worker = lc.run(env, spawn_worker, [
+        lc.msg(t["orph1"], "REVERSAL", acc, "30.00", t["buy"]),  # before its purchase
+        lc.msg(t["orph2"], "REVERSAL", acc, "50.00", t["buy"]),  # only 10 will be left
+    ])
+    assert stack.fetch(env.dsn, "SELECT count(*) AS n FROM orphan_reversals "
+                                "WHERE state = 'WAITING'")[0]["n"] == 2
+    # The purchase alone in its batch: the purchase statement finds the orphans waiting.
+    lc.send_more(env, [lc.msg(t["buy"], "PURCHASE", acc, "40.00")])
+    lc.send_more(env, [lc.msg(t["later"], "REVERSAL", acc, "5.00", t["buy"])])  # nothing left
+    assert lc.ledger(env, acc) == [(t["buy"], "PURCHASE", Decimal("-40.00")),
+                                   (t["orph1"], "REVERSAL", Decimal("30.00")),
+                                   (t["orph2"], "REVERSAL", Decimal("10.00"))]
+    assert lc.balances(env, acc) == (Decimal("100.00"), 0, Decimal("100.00"))
+    orphans = stack.fetch(env.dsn, "SELECT txn_id, state, applied FROM orphan_reversals")
+    assert {r["txn_id"]: (r["state"], r["applied"]) for r in orphans} == {
+        t["orph1"]: ("APPLIED", Decimal("30.00")), t["orph2"]: ("APPLIED", Decimal("10.00"))}
+    events = lc.events(env, expect=4)
+    assert events[t["buy"]]["event_type"] == "PaymentAuthorized"
+    assert events[t["later"]]["amount_applied"] == "0.00"
+    lc.verified(env)
+    shown = payauth(env, "explain", t["orph1"])
+    assert shown.returncode == 0 and "APPLIED" in shown.stdout, shown.stdout
+    assert worker.alive()
+
+
+def test_an_orphan_reversal_and_its_purchase_in_one_batch(env, spawn_worker) -> None:
+    t = lc.names("buy", "orph", "declined", "orph_d", "refund", "orph_r", "acc")
+    acc = t["acc"]
+    lc.seed(env, (acc, "100.00"))
+    lc.run(env, spawn_worker, [
+        lc.msg(t["orph"], "REVERSAL", acc, "100.00", t["buy"]),  # more than the purchase
+        lc.msg(t["orph_d"], "REVERSAL", acc, "10.00", t["declined"]),
+        lc.msg(t["orph_r"], "REVERSAL", acc, "1.00", t["refund"]),
+        lc.msg(t["buy"], "PURCHASE", acc, "25.00"),
+        lc.msg(t["declined"], "PURCHASE", acc, "1000.00"),  # declined: its orphan is void
+        lc.msg(t["refund"], "REFUND", acc, "2.00"),  # a refund is never reversed
+    ])
+    assert lc.ledger(env, acc) == [(t["buy"], "PURCHASE", Decimal("-25.00")),
+                                   (t["orph"], "REVERSAL", Decimal("25.00")),
+                                   (t["refund"], "REFUND", Decimal("2.00"))]
+    assert lc.balances(env, acc) == (Decimal("102.00"), 0, Decimal("102.00"))
+    orphans = stack.fetch(env.dsn, "SELECT txn_id, state, applied FROM orphan_reversals")
+    assert {r["txn_id"]: (r["state"], r["applied"]) for r in orphans} == {
+        t["orph"]: ("APPLIED", Decimal("25.00")), t["orph_d"]: ("VOID", 0),
+        t["orph_r"]: ("VOID", 0)}
+    lc.verified(env)
+
+
+def test_an_advice_or_clearing_that_cannot_be_netted_is_dead_lettered(env,
+                                                                     spawn_worker) -> None:
+    t = lc.names("adv_usd", "clr_usd", "clr_nobody", "adv_nobody", "hold", "acc")
+    acc = t["acc"]
+    lc.seed(env, (acc, "100.00"))
+    lc.run(env, spawn_worker, [
+        lc.msg(t["adv_usd"], "ADVICE", acc, "10.00", currency="USD"),
+        lc.msg(t["clr_usd"], "CLEARING", acc, "10.00", currency="USD"),  # forced, in USD
+        lc.msg(t["clr_nobody"], "CLEARING", "NO-SUCH-ACCOUNT", "10.00"),
+        lc.msg(t["adv_nobody"], "ADVICE", "NO-SUCH-ACCOUNT", "10.00"),
+        lc.msg(t["hold"], "AUTHORIZATION", acc, "1.00"),  # the partition goes on
+    ])
+    letters = lc.dead_letters(env, expect=3)
+    assert [reason for reason, _ in letters] == ["LIFECYCLE_MISMATCH"] * 3
+    details = " | ".join(detail for _, detail in letters)
+    assert f"the account {acc} is in EUR" in details, details
+    assert "the account NO-SUCH-ACCOUNT is unknown" in details, details
+    events = lc.events(env, expect=2)
+    # An advice of an unknown account is the one decline the contract gives an advice.
+    assert (events[t["adv_nobody"]]["result"], events[t["adv_nobody"]]["decline_reason"]) == \
+        ("DECLINED", "UNKNOWN_ACCOUNT")
+    assert events[t["hold"]]["result"] == "APPROVED"
+    assert lc.balances(env, acc) == (Decimal("100.00"), Decimal("1.00"), Decimal("99.00"))
+    assert lc.ledger(env, acc) == []
+    decided = stack.fetch(env.dsn, "SELECT txn_id FROM processed_transactions")
+    assert {r["txn_id"] for r in decided} == {t["adv_nobody"], t["hold"]}
+    lc.verified(env)

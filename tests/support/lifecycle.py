@@ -1,0 +1,87 @@
+"""The lifecycle tests' vocabulary: messages of each kind keyed by account, one worker run
+over them, and what the database and the topics hold afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from decimal import Decimal
+from typing import Any
+
+from tests.support import stack
+from tests.support.factory import auth_message, encode
+from tests.support.workers import payauth, wait_caught_up
+
+
+def names(*names: str) -> dict[str, str]:
+    run = uuid.uuid4().hex[:8]
+    return {n: f"LC-{run}-{n}" for n in names}
+
+
+def msg(txn: str, kind: str, account: str, amount: str, original: str | None = None,
+         **fields: Any) -> dict[str, Any]:
+    extra = {} if original is None else {"original_transaction_id": original}
+    return auth_message(txn, account_id=account, amount=amount, authorization_type=kind,
+                        **extra, **fields)
+
+
+def run(env: stack.Env, spawn_worker: Any, messages: list[dict[str, Any]]) -> Any:
+    """Send the messages (keyed by account, so in order per account), one worker decides
+    them all; returns the worker (still running)."""
+    stack.produce(env.input_topic, [(m["body"]["account_id"].encode(), encode(m))
+                                    for m in messages])
+    worker = spawn_worker(env)
+    wait_caught_up(env.group_id, env.input_topic, env.partitions)
+    return worker
+
+
+def send_more(env: stack.Env, messages: list[dict[str, Any]]) -> None:
+    stack.produce(env.input_topic, [(m["body"]["account_id"].encode(), encode(m))
+                                    for m in messages])
+    wait_caught_up(env.group_id, env.input_topic, env.partitions)
+
+
+def balances(env: stack.Env, account: str) -> tuple[Decimal, Decimal, Decimal]:
+    row = stack.fetch(env.dsn, "SELECT balance, held, available FROM account_balances "
+                               "WHERE account_id = $1", account)[0]
+    copy = stack.fetch(env.dsn, "SELECT held FROM accounts WHERE account_id = $1", account)
+    assert copy[0]["held"] == row["held"]  # the decision's copy agrees with the holds
+    return row["balance"], row["held"], row["available"]
+
+
+def hold(env: stack.Env, txn: str) -> dict[str, Any]:
+    rows = stack.fetch(env.dsn, "SELECT amount, remaining, state, ended_by, released "
+                                "FROM holds WHERE txn_id = $1", txn)
+    return dict(rows[0]) if rows else {}
+
+
+def events(env: stack.Env, expect: int) -> dict[str, dict[str, Any]]:
+    events = stack.events_of(stack.read_topic(env.output_topic, expect=expect))
+    by_txn: dict[str, dict[str, Any]] = {}
+    for e in events:
+        assert by_txn.setdefault(e["transaction_id"], e) == e  # a repeat is the same event
+    return by_txn
+
+
+def ledger(env: stack.Env, account: str) -> list[tuple[str, str, Decimal]]:
+    rows = stack.fetch(env.dsn, "SELECT txn_id, type, amount FROM ledger_entries "
+                                "WHERE account_id = $1 ORDER BY entry_id", account)
+    return [(r["txn_id"], r["type"], r["amount"]) for r in rows]
+
+
+def dead_letters(env: stack.Env, expect: int) -> list[tuple[str, str]]:
+    records = stack.read_topic(env.dlq_topic, expect=expect)
+    out = []
+    for r in records:
+        headers = dict(r.headers() or [])
+        out.append((headers["error.reason"].decode(), headers["error.detail"].decode()))
+    return out
+
+
+def verified(env: stack.Env) -> None:
+    done = payauth(env, "verify")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def seed(env: stack.Env, *accounts: tuple[str, str]) -> None:
+    asyncio.run(stack.seed_accounts(env.dsn, [(a, b, "EUR") for a, b in accounts]))
