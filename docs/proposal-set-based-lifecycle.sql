@@ -20,9 +20,10 @@
 -- the batch and approved; a CLEARING naming none is forced, on this path too). Any other
 -- batch (an orphan, a reversal of a PURCHASE or of a declined authorization, a mismatch,
 -- an unknown account, a hold placed twice) goes whole to the loop, renamed
--- payauth_lifecycle_each: those rules keep their one home, and 011's changes to them
--- (orphans of a PURCHASE, LIFECYCLE_MISMATCH for currency and unknown accounts) stay
--- there. Nothing is written before that choice is made.
+-- payauth_lifecycle_each: those rules keep their one home, and migration 011's (orphans of
+-- a PURCHASE, LIFECYCLE_MISMATCH for another currency and an unknown account) stay there.
+-- Nothing is written before that choice is made. It renames whichever payauth_lifecycle
+-- is the latest: apply it after 011.
 --
 -- Same answers: run against the loop on the same batches (the bench's stream; purchases,
 -- refunds, declines for funds and a blocked account, capped and full reversals, a reversal
@@ -33,9 +34,12 @@
 -- that raises instead of falling back showed those batches took the set-based path and
 -- that the off-path ones (orphan then original, unknown account, another currency, a
 -- reversal of a purchase and of a declined authorization, another account's hold, a hold
--- twice in a batch, a clearing naming a purchase) did not. Applied after 010 as if it were
--- the last migration, the integration tests of the lifecycle, the authorize function, the
--- expiry, exactly-once and the operator commands pass with it (55 tests).
+-- twice in a batch, a clearing naming a purchase, an orphan of a purchase, a clearing in
+-- another currency) did not; against 010's loop and 011's alike. Applied after 010 as if it
+-- were the last migration, the integration tests of the lifecycle, the authorize function,
+-- the expiry, exactly-once and the operator commands passed with it (55 tests); applied
+-- after 011, those of the lifecycle (its edges too), the authorize function, the expiry
+-- and the lifecycle's workers (32 tests).
 
 ALTER FUNCTION payauth_lifecycle(text[], text[], numeric[], text[], text[], text[], text[],
                                  text[], integer[], bigint[], timestamptz, text, uuid, text[])
