@@ -6,8 +6,10 @@ run them are one adapter, each part read against the others.
 One batch of new authorizations is one statement, one round trip, committed on its own:
 ``SELECT … FROM payauth_authorize(arrays, one element per authorization in offset order)``
 (migrations 004 and 007; each array sent as one joined text, ``pg_columns``); a batch with
-any lifecycle kind goes to ``payauth_lifecycle`` instead (migration 010: holds, reversals,
-clearings, one message at a time in offset order, in one statement too). Inside it:
+any lifecycle kind goes to ``payauth_lifecycle`` instead (migrations 010-012: holds,
+reversals, clearings, decided in offset order in one statement too, set-based on the common
+path; a purchase batch that an orphan reversal waits for goes there too, migration 011).
+Inside ``payauth_authorize``:
 
     SELECT … FROM accounts WHERE account_id = ANY(…) ORDER BY account_id FOR UPDATE
         -- lock the accounts (sorted, so two batches lock in the same order), read balances;
@@ -114,8 +116,8 @@ SELECT result, decline_reason
                          {split("$8")}, {split("$9", "::integer[]")},
                          {split("$10", "::bigint[]")}, $11, $12, $13)
 """
-# A batch holding any lifecycle kind: payauth_lifecycle (migration 010) decides all of it,
-# one message at a time in offset order, with each one's original_transaction_id.
+# A batch holding any lifecycle kind: payauth_lifecycle (migrations 010-012) decides all of
+# it in offset order, with each one's original_transaction_id.
 LIFECYCLE_STATEMENT = f"""
 SELECT result, decline_reason, amount_applied, forced, orphan, mismatch
   FROM payauth_lifecycle({split("$1")}, {split("$2")}, {split("$3", "::numeric[]")},

@@ -1,45 +1,20 @@
--- PROPOSAL, NOT A MIGRATION (payauth migrate reads migrations/ only): a set-based
--- payauth_lifecycle for the lead to fold into a numbered migration. Measured and checked
--- as docs/benchmark.md, "The lifecycle phase", says.
+-- payauth_lifecycle decided set-based on the common path, as payauth_authorize decides
+-- purchases (docs/benchmark.md, "The lifecycle phase": the loop of 010/011 ran five to
+-- seven single-row statements a message, each planned again, about four times a purchase
+-- batch's database time a message; a batch of 1,000 lifecycle messages held its accounts'
+-- locks past the statement and lock timeouts, and was retried whole).
 --
--- Why: migration 010's payauth_lifecycle decides a batch one message at a time, and each
--- message runs 5 to 7 single-row statements (the account, the original's hold, the waiting
--- orphans, the hold's INSERT or UPDATE, the claim, the lifecycle record, the ledger entry,
--- the account's UPDATE), each planned anew under the worker's plan_cache_mode
--- (force_custom_plan). Timed inside the function, in a transaction rolled back, batches of
--- 1,000: about 780 us of database time a message against about 120 for a PURCHASE through
--- payauth_authorize; a PURCHASE through the loop costs about 480. This function, measured the
--- same way in turn with the loop: about 215 a message of the bench's stream, 170 a PURCHASE.
---
--- What: the same function, in two passes, as payauth_authorize is: the batch's accounts and
--- the holds its messages name are read (and locked) once, every message is decided in
--- offset order in memory (arrays), then each table is written by one statement. Only the
--- common path takes it: every account known and in the message's currency, no orphan
--- reversal waiting for a message of the batch, and every REVERSAL or CLEARING naming a
--- hold of its own account and currency that exists by then (found, or placed earlier in
--- the batch and approved; a CLEARING naming none is forced, on this path too). Any other
--- batch (an orphan, a reversal of a PURCHASE or of a declined authorization, a mismatch,
--- an unknown account, a hold placed twice) goes whole to the loop, renamed
--- payauth_lifecycle_each: those rules keep their one home, and migration 011's (orphans of
--- a PURCHASE, LIFECYCLE_MISMATCH for another currency and an unknown account) stay there.
--- Nothing is written before that choice is made. It renames whichever payauth_lifecycle
--- is the latest: apply it after 011.
---
--- Same answers: run against the loop on the same batches (the bench's stream; purchases,
--- refunds, declines for funds and a blocked account, capped and full reversals, a reversal
--- and a clearing after the hold's end, clearings over and under the hold, forced, an
--- advice past the available balance; each set in one batch, one message a batch and
--- batches of 3), every result and every row written (holds, processed_transactions,
--- lifecycle_messages, ledger_entries, orphan_reversals, accounts) came out equal; a variant
--- that raises instead of falling back showed those batches took the set-based path and
--- that the off-path ones (orphan then original, unknown account, another currency, a
--- reversal of a purchase and of a declined authorization, another account's hold, a hold
--- twice in a batch, a clearing naming a purchase, an orphan of a purchase, a clearing in
--- another currency) did not; against 010's loop and 011's alike. Applied after 010 as if it
--- were the last migration, the integration tests of the lifecycle, the authorize function,
--- the expiry, exactly-once and the operator commands passed with it (55 tests); applied
--- after 011, those of the lifecycle (its edges too), the authorize function, the expiry
--- and the lifecycle's workers (32 tests).
+-- The batch's accounts and the holds its messages name are read (and locked) once, every
+-- message is decided in offset order in memory (arrays), then each table is written by one
+-- statement. Only the common path takes it: every account known and in the message's
+-- currency, no orphan reversal waiting for a message of the batch, and every REVERSAL or
+-- CLEARING naming a hold of its own account and currency that exists by then (found, or
+-- placed earlier in the batch and approved; a CLEARING naming none is forced, on this path
+-- too). Any other batch (an orphan, a reversal of a PURCHASE or of a declined
+-- authorization, a mismatch, an unknown account, a hold placed twice) goes whole to the
+-- loop, renamed payauth_lifecycle_each: those rules keep their one home (migration 011).
+-- Nothing is written before that choice is made. The decision itself is payauth_decide's,
+-- called for each message as the loop calls it, so the rule version is unchanged.
 
 ALTER FUNCTION payauth_lifecycle(text[], text[], numeric[], text[], text[], text[], text[],
                                  text[], integer[], bigint[], timestamptz, text, uuid, text[])
