@@ -6,13 +6,14 @@
 --
 -- The batch's accounts and the holds its messages name are read (and locked) once, every
 -- message is decided in offset order in memory (arrays), then each table is written by one
--- statement. Only the common path takes it: every account known and in the message's
--- currency, no orphan reversal waiting for a message of the batch, and every REVERSAL or
--- CLEARING naming a hold of its own account and currency that exists by then (found, or
--- placed earlier in the batch and approved; a CLEARING naming none is forced, on this path
--- too). Any other batch (an orphan, a reversal of a PURCHASE or of a declined
--- authorization, a mismatch, an unknown account, a hold placed twice) goes whole to the
--- loop, renamed payauth_lifecycle_each: those rules keep their one home (migration 011).
+-- statement. Only the common path takes it: every ADVICE and CLEARING of a known account
+-- and in its currency (a purchase, refund or authorization of an unknown account or in
+-- another currency is declined on this path, as in the loop), no orphan reversal waiting
+-- for a message of the batch, and every REVERSAL or CLEARING naming a hold of its own
+-- account and currency that exists by then (found, or placed earlier in the batch and
+-- approved; a CLEARING naming none is forced, on this path too). Any other batch (an
+-- orphan, a reversal of a PURCHASE or of a declined authorization, a mismatch, an advice
+-- or clearing of an unknown account, a hold placed twice) goes whole to the loop, renamed payauth_lifecycle_each: those rules keep their one home (migration 011).
 -- Nothing is written before that choice is made. The decision itself is payauth_decide's,
 -- called for each message as the loop calls it, so the rule version is unchanged.
 
@@ -90,11 +91,15 @@ BEGIN
     PERFORM 1 FROM accounts WHERE account_id = ANY(p_account_ids)
      ORDER BY account_id FOR UPDATE;
 
-    -- The common path only: every account known and in the message's currency, no orphan
-    -- reversal waiting for a message of the batch. Anything else: one message at a time.
-    IF EXISTS (SELECT 1 FROM unnest(p_account_ids, p_currencies) AS m(acct, cur)
+    -- The common path only: every ADVICE and CLEARING of a known account and in its
+    -- currency (another kind is simply declined otherwise, by payauth_decide, as the loop
+    -- declines it), no orphan reversal waiting for a message of the batch. Anything else:
+    -- one message at a time.
+    IF EXISTS (SELECT 1 FROM unnest(p_account_ids, p_currencies, p_auth_types)
+                           AS m(acct, cur, kind)
                  LEFT JOIN accounts a ON a.account_id = m.acct
-                WHERE a.account_id IS NULL OR a.currency::text <> m.cur)
+                WHERE m.kind IN ('ADVICE', 'CLEARING')
+                  AND (a.account_id IS NULL OR a.currency::text <> m.cur))
        OR EXISTS (SELECT 1 FROM orphan_reversals r
                    WHERE r.original_txn_id = ANY(p_txn_ids) AND r.state = 'WAITING') THEN
         RETURN QUERY SELECT * FROM payauth_lifecycle_each(
@@ -109,7 +114,7 @@ BEGIN
            array_agg(a.status ORDER BY k.id)
       INTO ids, bals, helds, curs, stats
       FROM (SELECT DISTINCT unnest(p_account_ids) AS id) k
-      JOIN accounts a ON a.account_id = k.id;
+      LEFT JOIN accounts a ON a.account_id = k.id;  -- unknown: NULLs, a decline
     SELECT array_agg(s.pos ORDER BY t.ord) INTO aslot
       FROM unnest(p_account_ids) WITH ORDINALITY AS t(id, ord)
       JOIN unnest(ids) WITH ORDINALITY AS s(id, pos) ON s.id = t.id;

@@ -138,7 +138,9 @@ def may_contain_pan(text: str) -> bool:
 
 _IDENTIFIERS = {
     "headers": {"message_id", "correlation_id", "timestamp"},
-    "body": {"transaction_id", "account_id", "amount"},
+    # original_transaction_id names a transaction_id: the same identifier, the same exemption
+    # (else a reversal of a transaction whose numeric id passes Luhn would be refused).
+    "body": {"transaction_id", "original_transaction_id", "account_id", "amount"},
 }
 
 

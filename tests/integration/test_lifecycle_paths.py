@@ -38,6 +38,7 @@ SNAPSHOT = {
     "orphans": "SELECT txn_id, state, applied FROM orphan_reversals ORDER BY txn_id",
     "accounts": "SELECT account_id, balance, held FROM accounts ORDER BY account_id",
 }
+Msg = tuple[str, str, str, str, str | None, str]  # txn, account, kind, amount, original, cur
 ACCOUNTS = [("P-RICH", "100000.00", "ACTIVE"), ("P-POOR", "50.00", "ACTIVE"),
             ("P-BLOCKED", "1000.00", "BLOCKED")]
 
@@ -57,7 +58,7 @@ class Stream:
         self.n += 1
         return f"P-{self.n:05d}"
 
-    def message(self) -> tuple[str, str, str, str, str | None]:
+    def message(self) -> Msg:
         rng = self.rng
         roll = rng.random()
         if self.holds and roll < 0.45:
@@ -65,26 +66,29 @@ class Stream:
             account = self.holds[original]
             if rng.random() < 0.6:
                 return (self._txn(), account, "REVERSAL", rng.choice(["5.00", "20.00", "90.00"]),
-                        original)
-            return self._txn(), account, "CLEARING", rng.choice(["10.00", "60.00"]), original
+                        original, "EUR")
+            return self._txn(), account, "CLEARING", rng.choice(["10.00", "60.00"]), original, "EUR"
         account = rng.choice(ACCOUNTS)[0]
         txn = self._txn()
         if roll < 0.65:
             kind = "ADVICE" if rng.random() < 0.3 or account != "P-RICH" else "AUTHORIZATION"
             self.holds[txn] = account  # an advice is always placed; so is a hold on P-RICH
-            return txn, account, kind, rng.choice(["30.00", "70.00", "400.00"]), None
-        if roll < 0.75:
-            return txn, account, "AUTHORIZATION", "5000.00", None  # declined but on P-RICH
-        if roll < 0.85:
-            return txn, account, "CLEARING", "15.00", None  # forced
+            return txn, account, kind, rng.choice(["30.00", "70.00", "400.00"]), None, "EUR"
+        if roll < 0.72:
+            return txn, account, "AUTHORIZATION", "5000.00", None, "EUR"  # declined but on P-RICH
+        if roll < 0.8:
+            return txn, account, "CLEARING", "15.00", None, "EUR"  # forced
+        if roll < 0.9:  # declined: an unknown account, another currency
+            return (txn, rng.choice(["P-NOBODY", account]),
+                    rng.choice(["PURCHASE", "REFUND", "AUTHORIZATION"]), "5.00", None, "USD")
         return txn, account, rng.choice(["PURCHASE", "REFUND"]), rng.choice(
-            ["25.00", "800.00"]), None
+            ["25.00", "800.00"]), None, "EUR"
 
 
-def _args(batch: list[tuple[str, str, str, str, str | None]]) -> list[Any]:
+def _args(batch: list[Msg]) -> list[Any]:
     n = len(batch)
     return [[b[0] for b in batch], [b[1] for b in batch], [Decimal(b[3]) for b in batch],
-            ["EUR"] * n, [b[2] for b in batch], [f"fp-{b[0]}" for b in batch],
+            [b[5] for b in batch], [b[2] for b in batch], [f"fp-{b[0]}" for b in batch],
             [f"c-{b[0]}" for b in batch], [f"m-{b[0]}" for b in batch], [0] * n,
             list(range(n)), datetime(2026, 12, 1, tzinfo=UTC), "t", uuid.uuid4(),
             [b[4] for b in batch]]
@@ -101,8 +105,7 @@ async def _decide(conn: asyncpg.Connection, fn: str, args: list[Any]
     return [tuple(r) for r in rows], tables, int(loops)
 
 
-async def _both(conn: asyncpg.Connection, batch: list[tuple[str, str, str, str, str | None]]
-                ) -> int:
+async def _both(conn: asyncpg.Connection, batch: list[Msg]) -> int:
     """Decides ``batch`` both ways, asserts they agree, keeps the set-based one's effects;
     returns how many times the set-based call fell back to the loop."""
     args = _args(batch)
@@ -136,16 +139,18 @@ def test_the_set_based_path_decides_as_the_loop(env: stack.Env) -> None:
                     "SELECT result, decline_reason FROM processed_transactions")}
             assert fell_back == 0  # every batch of the common path stayed on it
             assert {("APPROVED", None), ("DECLINED", "INSUFFICIENT_FUNDS"),
-                    ("DECLINED", "ACCOUNT_BLOCKED")} <= results
+                    ("DECLINED", "ACCOUNT_BLOCKED"), ("DECLINED", "UNKNOWN_ACCOUNT"),
+                    ("DECLINED", "CURRENCY_MISMATCH")} <= results
             states = {r["state"] for r in await conn.fetch("SELECT state FROM holds")}
             assert {"ACTIVE", "REVERSED", "CLEARED"} <= states
 
             # Off the common path, the set-based call hands the batch whole to the loop.
             off_path = [
-                [("P-X1", "P-RICH", "REVERSAL", "5.00", "P-NOT-YET")],  # an orphan
-                [("P-X2", "P-NOBODY", "PURCHASE", "5.00", None)],  # an unknown account
-                [("P-X3", "P-RICH", "AUTHORIZATION", "1.00", None),
-                 ("P-X4", "P-POOR", "REVERSAL", "1.00", "P-X3")],  # another account's hold
+                [("P-X1", "P-RICH", "REVERSAL", "5.00", "P-NOT-YET", "EUR")],  # an orphan
+                [("P-X2", "P-NOBODY", "CLEARING", "5.00", None, "EUR")],  # no account
+                [("P-X5", "P-RICH", "ADVICE", "5.00", None, "USD")],  # another currency
+                [("P-X3", "P-RICH", "AUTHORIZATION", "1.00", None, "EUR"),
+                 ("P-X4", "P-POOR", "REVERSAL", "1.00", "P-X3", "EUR")],  # another's hold
             ]
             for batch in off_path:
                 assert await _both(conn, batch) == 1, batch

@@ -248,6 +248,9 @@ def test_network_identifiers_are_not_mistaken_for_card_numbers() -> None:
     # A numeric message or transaction id that happens to pass Luhn is an id, not a PAN.
     message = auth_message("4111111111111111", message_id="4111111111111111")
     assert decode_authorization(encode(message)).transaction_id == PAN
+    # So is the original a reversal names by that id.
+    reversal = auth_message("R-1", authorization_type="REVERSAL", original_transaction_id=PAN)
+    assert decode_authorization(encode(reversal)).original_transaction_id == PAN
 
 
 def test_only_payment_card_prefixes_count() -> None:
