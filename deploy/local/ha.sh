@@ -151,16 +151,20 @@ pg_ha_up() {
 # node_considered_unhealthy_timeout: a check each second, a failed one retried twice 500 ms
 # apart (a connection that takes 2 s is a failure), and 3 s of silence, instead of 5 s, 2 s
 # and 20 s. The new primary then takes writes once the old one is demoted or
-# primary_demote_timeout has passed: 5 s, which must outlast the keepers'
-# network_partition_timeout (3 s, see pg_keeper_settings), after which a primary that can
-# reach neither the monitor nor its standby stops taking writes by itself.
+# primary_demote_timeout has passed: pg_auto_failover's 30 s, stated, not shortened. A
+# switchover puts the old primary in wait_primary (synchronous replication off) until it
+# demotes itself; promoting before it has is promoting past the writes it still took (seen
+# with 5 s on a loaded host: its keeper took 7 s to demote, and the commits between were
+# lost to the rewind). It must also outlast the keepers' network_partition_timeout (3 s,
+# see pg_keeper_settings), after which a primary that can reach neither the monitor nor its
+# standby stops taking writes by itself.
 PG_MONITOR_SETTINGS=(
   "pgautofailover.health_check_period=1000"
   "pgautofailover.health_check_timeout=2000"
   "pgautofailover.health_check_max_retries=2"
   "pgautofailover.health_check_retry_delay=500"
   "pgautofailover.node_considered_unhealthy_timeout=3000"
-  "pgautofailover.primary_demote_timeout=5000"
+  "pgautofailover.primary_demote_timeout=30000"
 )
 PG_KEEPER_NETWORK_PARTITION_TIMEOUT=3
 
