@@ -237,7 +237,7 @@ def test_the_overlay_fails_over_within_the_budget_the_chaos_run_measured() -> No
     # Strimzi ignores every `broker.` option: the session timeout cannot be carried over
     assert not any(key.startswith("broker.") for key in config)
     for key in ("leader.imbalance.check.interval.seconds",
-                "leader.imbalance.per.broker.percentage"):
+                "leader.imbalance.per.broker.percentage", "offsets.topic.segment.bytes"):
         assert str(config[key]) == local[key], key
     assert config["auto.leader.rebalance.enable"] is True
     assert local["auto.leader.rebalance.enable"] == "true"
@@ -269,3 +269,24 @@ def test_the_workers_client_follows_a_leader_move_within_seconds() -> None:
     assert conf["socket.timeout.ms"] > int(_local_kafka_settings()["broker.session.timeout.ms"])
     assert conf["reconnect.backoff.max.ms"] <= 1_000
     assert conf["retry.backoff.max.ms"] <= 1_000
+
+
+def test_the_group_session_outlasts_a_coordinator_failover() -> None:
+    """A member whose session ends before it has found the group's new coordinator rejoins
+    as a new member, and the whole group then waits for the old members' sessions to expire
+    at the new coordinator: a failover becomes a rebalance of every partition (seen in the
+    HA chaos run with a 10 s session). The coordinator moves when the controller fences
+    its node, after a controller election if the node was also the active controller; the
+    session must outlast that twice over, counted from the last heartbeat before the kill."""
+    from service.adapters.kafka.config import consumer_config
+    from service.devtools.chaos.ha import GROUP_SESSION_MS
+
+    election_ms = 3_000  # a new active controller elected and activated (the brokers' logs)
+    strimzi_fence_ms = 9_000  # Kafka's broker.session.timeout.ms: Strimzi refuses broker.*
+    local_fence_ms = int(_local_kafka_settings()["broker.session.timeout.ms"])
+    deployed = consumer_config(_worker_settings())
+    heartbeat = deployed["heartbeat.interval.ms"]
+    assert heartbeat * 3 <= 6_000  # a third of the shortest session the settings accept
+    assert deployed["session.timeout.ms"] >= 2 * (strimzi_fence_ms + election_ms) + heartbeat
+    assert 2 * (local_fence_ms + election_ms) + heartbeat <= GROUP_SESSION_MS
+    assert deployed["max.poll.interval.ms"] >= deployed["session.timeout.ms"]

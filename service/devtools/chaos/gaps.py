@@ -64,6 +64,12 @@ def gap_after(samples: list[Sample], start: float, horizon: float,
     return Gap(first, None)
 
 
+def every_partition_committed(offsets: dict[int, int], partitions: int) -> bool:
+    """A sample has a committed offset on each of ``partitions`` partitions (a partition
+    never committed reads as a negative offset, librdkafka's OFFSET_INVALID)."""
+    return all(offsets.get(p, -1) >= 0 for p in range(partitions))
+
+
 def gaps_by_kind(samples: list[Sample], faults: list[tuple[str, float]],
                  writes: list[tuple[float, int, int]],
                  horizon: float = 120.0) -> dict[str, list[Gap]]:
@@ -115,6 +121,17 @@ class CommitObserver:
                 self.samples.append((time.time(),
                                      {tp.partition: tp.offset for tp in committed}))
             self._stop.wait(self._interval)
+
+    def wait_all_committed(self, timeout: float) -> bool:
+        """True once a sample has a committed offset on every partition (the group is at
+        work everywhere), False if none has within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.samples and every_partition_committed(self.samples[-1][1],
+                                                          len(self._tps)):
+                return True
+            self._stop.wait(self._interval)
+        return False
 
     def stop(self) -> None:
         self._stop.set()

@@ -6,7 +6,8 @@ funds; a blocked one, a USD one (EUR requests) and a missing one decline for the
 So the checker knows each transaction's right result without replaying the worker's logic.
 
 Each log line is one message as the broker acknowledged it (partition and offset from the
-delivery report):
+delivery report; one acknowledged without an offset is found in its partition once the
+load is over, placement.py):
 
     {"seq": 17, "kind": "dup_new_message_id", "txn": "CH-ab12-000017", "fp": "…",
      "expect": "approved", "reason": null, "partition": 3, "offset": 1204,
@@ -36,7 +37,7 @@ import random
 import threading
 import time
 import uuid
-from collections import Counter, deque
+from collections import Counter, defaultdict, deque
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -45,6 +46,7 @@ from typing import IO, Any
 import asyncpg
 from confluent_kafka import Producer
 
+from service.devtools.chaos import placement
 from service.devtools.chaos.lifecycles import Planned, Scripts
 from service.devtools.demo import authorization_message
 from service.domain.messages import decode_authorization
@@ -97,11 +99,16 @@ class LoadGenerator:
                  late_after_seconds: float = 30.0, lifecycle_share: float = 0.08,
                  lifecycle_span: float = 40.0,
                  orphan_purchase_reversals: bool = True) -> None:
-        self._producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
+        # the broker restarts on purpose: one line per interval
+        self._client_conf = {"bootstrap.servers": bootstrap,
+                             "logger": librdkafka_logger(level=logging.ERROR)}
+        self._producer = Producer({**self._client_conf, "enable.idempotence": True,
                                    "acks": "all", "linger.ms": 5,
-                                   "message.timeout.ms": 300_000,
-                                   # the broker restarts on purpose: one line per interval
-                                   "logger": librdkafka_logger(level=logging.ERROR)})
+                                   "message.timeout.ms": 300_000})
+        # acknowledged without an offset, placed by close(); the offsets the log names
+        self._unplaced: list[placement.Unplaced] = []
+        self._logged: dict[int, set[int]] = defaultdict(set)
+        self.placed = 0
         self._topic = topic
         self._partitions = partitions
         self._run = run
@@ -144,6 +151,10 @@ class LoadGenerator:
                     "key": key, "acked": round(time.time(), 3), **(fields or {}),
                     "pinned": partition is not None}
             with self._log_lock:
+                if line["offset"] is None or line["offset"] < 0:
+                    self._unplaced.append((line, raw))  # see placement.py
+                    return
+                self._logged[line["partition"]].add(line["offset"])
                 self._log.write(json.dumps(line) + "\n")
 
         kwargs: dict[str, Any] = {"key": key, "value": raw, "on_delivery": delivered}
@@ -294,4 +305,12 @@ class LoadGenerator:
         if remaining:
             self.failed.append(f"{remaining} messages never acknowledged")
         with self._log_lock:
+            placed, missing = placement.place(self._client_conf, self._topic,
+                                              self._unplaced, self._logged)
+            for line in placed:
+                self._log.write(json.dumps(line) + "\n")
+            self.failed += [f"{line['kind']} {line['txn']}: acknowledged without an offset "
+                            f"and not found in partition {line['partition']}"
+                            for line in missing]
+            self.placed = len(placed)
             self._log.close()

@@ -64,6 +64,7 @@ from service.devtools.chaos.run import PARTITIONS, Chaos, Supervisor, log
 from service.devtools.processes import ROOT
 
 HA_ENV = ROOT / ".stack/ha.env"
+GROUP_SESSION_MS = 20_000  # the workers' group session in this run; see setup()
 
 
 class HaChaos(Chaos):
@@ -103,11 +104,16 @@ class HaChaos(Chaos):
             "PAYAUTH_REDIS_SENTINEL_MASTER": self.settings.redis_sentinel_master,
             # shorter than the refused writes of kafka_not_enough_replicas: deliveries time out
             "PAYAUTH_DELIVERY_TIMEOUT_MS": "5000",
-            # The group's session outlasts a coordinator's failover (the node fenced after
-            # 4 s, the new coordinator found and loaded): with the 6 s of the single-node
-            # run, every member of the group timed out on a Kafka kill and the group
-            # rebalanced (7 s more). Still shorter than the zombie fault's 12 s stop.
-            "PAYAUTH_SESSION_TIMEOUT_MS": "10000",
+            # The group's session outlasts a group coordinator's failover twice over: when
+            # the killed node is also the active controller, the controller is elected
+            # again (2 to 3 s) before it fences the node (4 s more), and only then is the
+            # group loaded on its new coordinator and found by the members (about 8 s on
+            # this loaded host). A member that times out first rejoins, and the whole
+            # group waits for its old members' sessions to expire at the new coordinator:
+            # with 10 s, 20 s without a commit (docs/failover.md). The poll interval may
+            # not be shorter than the session (librdkafka refuses it).
+            "PAYAUTH_SESSION_TIMEOUT_MS": str(GROUP_SESSION_MS),
+            "PAYAUTH_MAX_POLL_INTERVAL_MS": str(GROUP_SESSION_MS),
         })
         self.supervisor = Supervisor(env, self.out / "workers")
         self.started = time.time()

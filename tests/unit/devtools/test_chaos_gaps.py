@@ -3,7 +3,14 @@ load generator's writes, until messages written after a fault are decided and co
 
 from __future__ import annotations
 
-from service.devtools.chaos.gaps import Gap, gap_after, gaps_by_kind, last_written, render
+from service.devtools.chaos.gaps import (
+    Gap,
+    every_partition_committed,
+    gap_after,
+    gaps_by_kind,
+    last_written,
+    render,
+)
 
 
 def samples(*rows: tuple[float, dict[int, int]]) -> list[tuple[float, dict[int, int]]]:
@@ -38,6 +45,13 @@ def test_a_partition_without_writes_before_the_fault_moves_with_its_first_commit
     # -1001: the group never committed on partition 0 yet; no message was written there
     s = samples((0.0, {0: -1001, 1: 5}), (1.0, {0: 1, 1: 7}))
     assert gap_after(s, 0.0, 120, {1: 5}) == Gap(1.0, 1.0)
+
+
+def test_the_faults_wait_for_a_commit_on_every_partition() -> None:
+    # the group still forming: partition 2 never committed (-1001), partition 3 not listed
+    assert not every_partition_committed({0: 4, 1: 0, 2: -1001, 3: 7}, 4)
+    assert not every_partition_committed({0: 4, 1: 0, 2: 3}, 4)
+    assert every_partition_committed({0: 4, 1: 0, 2: 3, 3: 7}, 4)
 
 
 def test_gaps_group_by_kind_and_render_median_and_worst() -> None:
