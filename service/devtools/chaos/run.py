@@ -121,6 +121,13 @@ class Supervisor:
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def spawn(self, slot: int, **overrides: str) -> WorkerProcess:
+        """A worker in ``slot`` (-1: an extra one, not kept running). Each slot's workers
+        are one static member of the group, as the StatefulSet's pods are (their name is
+        their ``group.instance.id``): a worker restarted in its slot takes its partitions
+        back at once instead of the group waiting out the dead one's session."""
+        if slot >= 0:
+            overrides = {"PAYAUTH_GROUP_INSTANCE_ID": f"{self._env['PAYAUTH_GROUP_ID']}-{slot}",
+                         **overrides}
         with self._lock:
             self._generation += 1
             worker = WorkerProcess({**self._env, **overrides},
