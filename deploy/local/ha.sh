@@ -151,13 +151,12 @@ pg_ha_up() {
 # node_considered_unhealthy_timeout: a check each second, a failed one retried twice 500 ms
 # apart (a connection that takes 2 s is a failure), and 3 s of silence, instead of 5 s, 2 s
 # and 20 s. The new primary then takes writes once the old one is demoted or
-# primary_demote_timeout has passed: pg_auto_failover's 30 s, stated, not shortened. A
-# switchover puts the old primary in wait_primary (synchronous replication off) until it
-# demotes itself; promoting before it has is promoting past the writes it still took (seen
-# with 5 s on a loaded host: its keeper took 7 s to demote, and the commits between were
-# lost to the rewind). It must also outlast the keepers' network_partition_timeout (3 s,
-# see pg_keeper_settings), after which a primary that can reach neither the monitor nor its
-# standby stops taking writes by itself.
+# primary_demote_timeout has passed: pg_auto_failover's 30 s, stated, not shortened. It
+# must outlast the keepers' network_partition_timeout (3 s, see pg_keeper_settings), after
+# which a primary that can reach neither the monitor nor its standby stops taking writes
+# by itself. It does not protect a switchover from pg_auto_failover 2.0's race (#774): the
+# old primary sent to wait_primary, synchronous replication off, its writes lost to the
+# rewind however long the timeout (docs/failover.md).
 PG_MONITOR_SETTINGS=(
   "pgautofailover.health_check_period=1000"
   "pgautofailover.health_check_timeout=2000"
