@@ -37,7 +37,7 @@ import random
 import threading
 import time
 import uuid
-from collections import Counter, defaultdict, deque
+from collections import Counter, deque
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -105,15 +105,14 @@ class LoadGenerator:
         self._producer = Producer({**self._client_conf, "enable.idempotence": True,
                                    "acks": "all", "linger.ms": 5,
                                    "message.timeout.ms": 300_000})
-        # acknowledged without an offset, placed by close(); the offsets the log names
-        self._unplaced: list[placement.Unplaced] = []
-        self._logged: dict[int, set[int]] = defaultdict(set)
+        self._unplaced: list[placement.Unplaced] = []  # acknowledged without an offset
         self.placed = 0
         self._topic = topic
         self._partitions = partitions
         self._run = run
         self._accounts = accounts
         self._rng = random.Random(seed)
+        self._log_path = log_path
         self._log: IO[str] = log_path.open("w")
         self._log_lock = threading.Lock()
         self._seq = 0
@@ -154,7 +153,6 @@ class LoadGenerator:
                 if line["offset"] is None or line["offset"] < 0:
                     self._unplaced.append((line, raw))  # see placement.py
                     return
-                self._logged[line["partition"]].add(line["offset"])
                 self._log.write(json.dumps(line) + "\n")
 
         kwargs: dict[str, Any] = {"key": key, "value": raw, "on_delivery": delivered}
@@ -305,8 +303,9 @@ class LoadGenerator:
         if remaining:
             self.failed.append(f"{remaining} messages never acknowledged")
         with self._log_lock:
+            self._log.flush()
             placed, missing = placement.place(self._client_conf, self._topic,
-                                              self._unplaced, self._logged)
+                                              self._unplaced, self._log_path)
             for line in placed:
                 self._log.write(json.dumps(line) + "\n")
             self.failed += [f"{line['kind']} {line['txn']}: acknowledged without an offset "

@@ -13,9 +13,11 @@ order of their offsets.
 
 from __future__ import annotations
 
+import json
 import time
 from collections import defaultdict
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
@@ -65,13 +67,26 @@ def read_offsets(conf: dict[str, Any], topic: str, partition: int,
     return found
 
 
+def logged_offsets(log_path: Path, partitions: set[int]) -> dict[int, set[int]]:
+    """The offsets the log's lines name, in each of ``partitions``."""
+    out: dict[int, set[int]] = defaultdict(set)
+    with log_path.open() as log:
+        for text in log:
+            line = json.loads(text)
+            if line["partition"] in partitions:
+                out[line["partition"]].add(line["offset"])
+    return out
+
+
 def place(conf: dict[str, Any], topic: str, unplaced: list[Unplaced],
-          logged: dict[int, set[int]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """``assign`` for each partition the unplaced lines name, reading it once."""
+          log_path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``assign`` for each partition the unplaced lines name, reading it once, against the
+    offsets the log at ``log_path`` (flushed) already names."""
     placed, missing = [], []
     by_partition: dict[int, list[Unplaced]] = defaultdict(list)
     for line, raw in unplaced:
         by_partition[line["partition"]].append((line, raw))
+    logged = logged_offsets(log_path, set(by_partition)) if by_partition else {}
     for partition, lines in by_partition.items():
         found = read_offsets(conf, topic, partition, (raw for _, raw in lines))
         ok, lost = assign(lines, found, logged.get(partition, set()))
