@@ -274,8 +274,8 @@ def test_the_workers_client_follows_a_leader_move_within_seconds() -> None:
 def test_the_group_session_outlasts_a_coordinator_failover() -> None:
     """A member whose session ends before it has found the group's new coordinator rejoins
     as a new member, and the whole group then waits for the old members' sessions to expire
-    at the new coordinator: a failover becomes a rebalance of every partition (seen in the
-    HA chaos run with a 10 s session). The coordinator moves when the controller fences
+    at the new coordinator: a failover becomes a rebalance of every partition
+    (docs/failover.md). The coordinator moves when the controller fences
     its node, after a controller election if the node was also the active controller; the
     session must outlast that twice over, counted from the last heartbeat before the kill."""
     from service.adapters.kafka.config import consumer_config

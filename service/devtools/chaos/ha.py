@@ -106,12 +106,11 @@ class HaChaos(Chaos):
             "PAYAUTH_DELIVERY_TIMEOUT_MS": "5000",
             # The group's session outlasts a group coordinator's failover twice over: when
             # the killed node is also the active controller, the controller is elected
-            # again (2 to 3 s) before it fences the node (4 s more), and only then is the
-            # group loaded on its new coordinator and found by the members (about 8 s on
-            # this loaded host). A member that times out first rejoins, and the whole
-            # group waits for its old members' sessions to expire at the new coordinator:
-            # with 10 s, 20 s without a commit (docs/failover.md). The poll interval may
-            # not be shorter than the session (librdkafka refuses it).
+            # again before it fences the node (the 4 s broker session), and only then is
+            # the group loaded on its new coordinator and found by the members. A member
+            # that times out first rejoins, and the whole group waits for its old members'
+            # sessions to expire at the new coordinator (docs/failover.md). The poll
+            # interval may not be shorter than the session (librdkafka refuses it).
             "PAYAUTH_SESSION_TIMEOUT_MS": str(GROUP_SESSION_MS),
             "PAYAUTH_MAX_POLL_INTERVAL_MS": str(GROUP_SESSION_MS),
         })

@@ -444,8 +444,8 @@ class Chaos:
                                   args=("services", self.infra_faults(), 0.75))]
         load.start()
         # The faults begin once the group has formed and committed on every partition: a
-        # fault striking while the three workers still join measured the group's forming
-        # with its own gap (32 s for the first fault of a run).
+        # fault striking while the three workers still join would count the group's
+        # forming in its own gap.
         if not observer.wait_all_committed(timeout=120):
             self.errors.append("the workers had not committed on every partition 120 s "
                                "after the load began")
