@@ -7,7 +7,8 @@
 #               proxies' 19392-19394), replication factor 3, min.insync.replicas 2, unclean
 #               leader election off; heap $HA_KAFKA_HEAP (512m) each
 #   PostgreSQL  pg_auto_failover (Debian postgresql-15-auto-failover): a monitor (15432), a
-#               primary and a synchronous secondary (15433, 15434), automatic failover
+#               primary and two secondaries (15433-15435), a commit acknowledged once one of
+#               them has it (number_sync_standbys 1), automatic failover
 #   Redis       a master (16379), a replica (16380) and three Sentinels (26379-26381)
 #
 # Its ports differ from the single-node stack's (stack.sh): both can run at once. `up`
@@ -26,7 +27,7 @@ KAFKA_CONTROLLER_PORTS=(19192 19193 19194)
 KAFKA_PROXIED_PORTS=(19292 19293 19294)
 KAFKA_PROXY_PORTS=(19392 19393 19394)
 PG_MONITOR_PORT=15432
-PG_NODE_PORTS=(15433 15434)
+PG_NODE_PORTS=(15433 15434 15435)
 REDIS_MASTER_PORT=16379
 REDIS_REPLICA_PORT=16380
 SENTINEL_PORTS=(26379 26380 26381)
@@ -138,15 +139,41 @@ pg_ha_up() {
   wait_for "the monitor's database" 60 pg_monitor_accepts \
     || die "postgres: the monitor accepts no connection, see $HA_DIR/pg-monitor.log"
   pg_monitor_settings
-  pg_node_up 1
-  pg_node_up 2
-  # The monitor turns synchronous replication on once the secondary has caught up.
+  local node
+  for node in 1 2 3; do pg_node_up "$node"; done
+  pg_number_sync_standbys
+  # The monitor names both secondaries once they have caught up.
   wait_for "synchronous replication" 60 pg_sync_on \
-    || die "postgres: the primary has no synchronous standby, see $HA_DIR/pg-node*.log"
-  step "postgres: a primary and a synchronous secondary ($(pg_sync_names))"
+    || die "postgres: the primary has not both standbys in its quorum, see $HA_DIR/pg-node*.log"
+  step "postgres: a primary and two secondaries, a commit waits for one ($(pg_sync_names))"
 }
 
-# Failover within seconds (docs/failover.md). The monitor promotes the secondary once the
+# Why three data nodes, one of two standbys acknowledging each commit (docs/failover.md):
+# with a single standby, pg_auto_failover 2.0 lets the primary take writes alone whenever
+# that standby is not a healthy secondary, for a moment in every switchover (its issue
+# #774) and until a killed primary's successor has a standby again. With two, the one
+# not being promoted or rebuilt keeps a second copy of every acknowledged commit; and with
+# number_sync_standbys 1 (not 0) a primary whose two standbys are both gone refuses
+# writes rather than acknowledge them from one copy. The monitor sets 1 by itself when the
+# second standby joins; it is checked here and set if a formation made otherwise lacks it.
+PG_NUMBER_SYNC_STANDBYS=1
+
+pg_formation_sync_standbys() {
+  psql -X -h localhost -p "$PG_MONITOR_PORT" -U postgres -d pg_auto_failover -tAc \
+    "SELECT number_sync_standbys FROM pgautofailover.formation WHERE formationid = 'default'"
+}
+
+pg_number_sync_standbys() {
+  [ "$(pg_formation_sync_standbys)" = "$PG_NUMBER_SYNC_STANDBYS" ] && return 0
+  # --monitor, not --pgdata: pg_autoctl 2.0 misreads the value given with --pgdata
+  autoctl set formation number-sync-standbys --monitor "$MONITOR_URI" \
+    "$PG_NUMBER_SYNC_STANDBYS" >/dev/null 2>&1 \
+    || die "postgres: could not set number_sync_standbys $PG_NUMBER_SYNC_STANDBYS"
+  [ "$(pg_formation_sync_standbys)" = "$PG_NUMBER_SYNC_STANDBYS" ] \
+    || die "postgres: number_sync_standbys is not $PG_NUMBER_SYNC_STANDBYS on the monitor"
+}
+
+# Failover within seconds (docs/failover.md). The monitor promotes a secondary once the
 # primary both fails its health checks and has not reported for
 # node_considered_unhealthy_timeout: a check each second, a failed one retried twice 500 ms
 # apart (a connection that takes 2 s is a failure), and 3 s of silence, instead of 5 s, 2 s
@@ -191,7 +218,7 @@ pg_keeper_settings() { # pg_keeper_settings NODE: the keeper's own timeout, then
   autoctl reload --pgdata "$data" >/dev/null 2>&1 || true
 }
 
-pg_node_up() { # pg_node_up NODE (1-2): create or restart it; waits until it settles
+pg_node_up() { # pg_node_up NODE (1-3): create or restart it; waits until it settles
   local port=${PG_NODE_PORTS[$(($1 - 1))]} data="$PG_HA_DIR/node$1"
   if listening "$port"; then
     step "postgres: node $1 already on $port"; pg_keeper_settings "$1"; return 0
@@ -208,8 +235,8 @@ pg_node_up() { # pg_node_up NODE (1-2): create or restart it; waits until it set
       pg_autoctl create postgres --pgdata "$data" --pgport "$port" --hostname localhost \
       --auth trust --no-ssl --monitor "$MONITOR_URI" --dbname "$PG_DB" --run
   fi
-  # The first node becomes the primary before the second asks to follow it; a node that
-  # comes back after a failover rejoins as the secondary (pg_rewind or a new base backup).
+  # The first node becomes the primary before the others ask to follow it; a node that
+  # comes back after a failover rejoins as a secondary (pg_rewind or a new base backup).
   wait_for "node $1" 180 pg_node_settled "$1" \
     || die "postgres: node $1 did not settle, see $HA_DIR/pg-node$1.log"
   pg_keeper_settings "$1"  # once it runs (a node just created has its configuration only now)
@@ -218,7 +245,7 @@ pg_node_up() { # pg_node_up NODE (1-2): create or restart it; waits until it set
 pg_node_settled() { # the node reports single/primary/secondary; nudges a slow base backup
   local state; state=$(autoctl show state --pgdata "$PG_HA_DIR/monitor" 2>/dev/null || true)
   # pg_basebackup waits for a spread checkpoint on the primary: ask for an immediate one
-  # (of both nodes: after a failover the primary is either)
+  # (of every node: after a failover the primary is any of them)
   local port
   for port in "${PG_NODE_PORTS[@]}"; do
     PGCONNECT_TIMEOUT=2 psql -X -q -h localhost -p "$port" -U postgres -d postgres \
@@ -237,17 +264,19 @@ pg_sync_names() {
 
 pg_keeper_gone() { ! pgrep -f "pg_autoctl .*--pgdata $1( |\$)" >/dev/null; }
 
-pg_sync_on() { pg_sync_names | grep -q "ANY\|FIRST\|pgautofailover"; }
+pg_sync_on() { # both standbys in the primary's quorum: ANY 1 (name, name)
+  pg_sync_names | grep -Eq "^ANY $PG_NUMBER_SYNC_STANDBYS \([^,]+,[^,]+\)$"
+}
 
 pg_ha_down() {
   local n
-  for n in node2 node1 monitor; do
+  for n in node3 node2 node1 monitor; do
     [ -f "$PG_HA_DIR/$n/PG_VERSION" ] || continue
     step "postgres: stopping $n"
     autoctl stop --pgdata "$PG_HA_DIR/$n" >/dev/null 2>&1 || true
   done
   # `pg_autoctl stop` only asks: wait until each keeper has gone, or the next `up` finds it
-  for n in node2 node1 monitor; do
+  for n in node3 node2 node1 monitor; do
     [ -f "$PG_HA_DIR/$n/PG_VERSION" ] || continue
     wait_for "$n to stop" 60 pg_keeper_gone "$PG_HA_DIR/$n" || die "postgres: $n did not stop"
   done
@@ -303,12 +332,13 @@ redis_ha_down() {
 
 # ------------------------------------------------------------------- worker
 ha_env() {
-  local brokers sentinels
+  local brokers sentinels hosts
+  hosts=$(printf 'localhost:%s,' "${PG_NODE_PORTS[@]}"); hosts=${hosts%,}
   brokers=$(printf 'localhost:%s,' "${KAFKA_PORTS[@]}"); brokers=${brokers%,}
   sentinels=$(printf '127.0.0.1:%s,' "${SENTINEL_PORTS[@]}"); sentinels=${sentinels%,}
   cat <<ENV
 PAYAUTH_KAFKA_BOOTSTRAP_SERVERS=$brokers
-PAYAUTH_DATABASE_URL=postgresql://postgres@localhost:${PG_NODE_PORTS[0]},localhost:${PG_NODE_PORTS[1]}/$PG_DB?target_session_attrs=read-write
+PAYAUTH_DATABASE_URL=postgresql://postgres@$hosts/$PG_DB?target_session_attrs=read-write
 PAYAUTH_REDIS_SENTINELS=$sentinels
 PAYAUTH_REDIS_SENTINEL_MASTER=$SENTINEL_MASTER
 ENV

@@ -8,7 +8,8 @@ holds expire`` runs among the faults with the workers' settings (the multi-host 
 proxied brokers). Two lanes of seeded faults: the worker faults of ``make chaos``, and:
 
 - ``postgres_primary_killed``: kill -9 of the primary node (keeper and server); the monitor
-  promotes the synchronous secondary; the old primary rejoins as the secondary;
+  promotes the most advanced of the two secondaries; the old primary rejoins as a
+  secondary;
 - ``postgres_switchover``: ``pg_autoctl perform switchover``;
 - ``kafka_leader_killed``: leadership balanced first (each partition on its preferred
   replica), then kill -9 of a node (each in turn), which takes away the leadership of the
@@ -31,7 +32,7 @@ the workers' batch retries by cause, and the failovers a watcher saw, with those
 explains (see failovers.py).
 
 ``HA_CHAOS_CONTROL=async`` is the negative control: the workers commit with
-``synchronous_commit=local``, the primary's WAL sender is stopped during a burst, and the
+``synchronous_commit=local``, the primary's WAL senders are stopped during a burst, and the
 primary is killed right after it. The checker must then FAIL (decisions published and
 offsets committed that the new primary does not have); if it passes, it cannot see the
 failure synchronous replication is there to prevent.
@@ -159,26 +160,28 @@ class HaChaos(Chaos):
             ha.pg_kill(primary)
             self.landed("postgres_primary_killed")
             ha.pg_wait_failover(primary)
-            log(f"postgres: node {3 - primary} promoted; node {primary} rejoins")
+            log(f"postgres: node {ha.pg_primary()} promoted; node {primary} rejoins")
         finally:
             ha.pg_restart(primary)
 
     def postgres_primary_killed_async(self) -> None:
         """The negative control's fault: commits that never leave the primary (its WAL
-        sender stopped), then the primary's death."""
+        senders stopped), then the primary's death."""
         primary = ha.pg_primary()
-        sender = ha.walsender_pid(primary)
-        os.kill(sender, signal.SIGSTOP)
+        senders = ha.walsender_pids(primary)
+        for sender in senders:
+            os.kill(sender, signal.SIGSTOP)
         try:
             self.landed("postgres_primary_killed_async")
             time.sleep(4)  # a burst decided, published and its offsets committed (500 ms)
-            ha.pg_kill(primary)  # the stopped sender with it
+            ha.pg_kill(primary)  # the stopped senders with it
             ha.pg_wait_failover(primary)
-            log(f"postgres: node {3 - primary} promoted without the burst; "
+            log(f"postgres: node {ha.pg_primary()} promoted without the burst; "
                 f"node {primary} rejoins")
         finally:
-            with contextlib.suppress(ProcessLookupError):  # killed with its primary, or not
-                os.kill(sender, signal.SIGCONT)
+            for sender in senders:
+                with contextlib.suppress(ProcessLookupError):  # killed with its primary, or not
+                    os.kill(sender, signal.SIGCONT)
             ha.pg_restart(primary)
 
     def kafka_leader_killed(self) -> None:

@@ -38,7 +38,7 @@ KAFKA_PORTS = (19092, 19093, 19094)
 KAFKA_PROXIED_PORTS = (19292, 19293, 19294)  # the PROXIED listener, behind the proxies
 KAFKA_PROXY_PORTS = (19392, 19393, 19394)  # what that listener advertises (127.0.0.1)
 PG_MONITOR_PORT = 15432
-PG_NODE_PORTS = (15433, 15434)
+PG_NODE_PORTS = (15433, 15434, 15435)
 REDIS_PORTS = (16379, 16380)
 SENTINEL_PORTS = (26379, 26380, 26381)
 SENTINEL_MASTER = "payauth"
@@ -89,7 +89,7 @@ def _query(port: int, sql: str) -> object:
 
 
 def pg_primary() -> int:
-    """The node (1 or 2) that takes writes now."""
+    """The node (1-3) that takes writes now."""
     for node, port in enumerate(PG_NODE_PORTS, 1):
         try:
             if _query(port, "SELECT NOT pg_is_in_recovery()"):
@@ -100,12 +100,13 @@ def pg_primary() -> int:
 
 
 def pg_healthy() -> bool:
-    """A primary with synchronous replication on, a secondary streaming to it."""
+    """A primary with synchronous replication on, both secondaries streaming to it and in
+    its quorum."""
     primary = PG_NODE_PORTS[pg_primary() - 1]
     names = _query(primary, "SELECT current_setting('synchronous_standby_names')")
     streaming = _query(primary, "SELECT count(*) FROM pg_stat_replication "
                                 "WHERE state = 'streaming' AND sync_state IN ('sync', 'quorum')")
-    return bool(names) and streaming == 1
+    return bool(names) and streaming == len(PG_NODE_PORTS) - 1
 
 
 def pg_kill(node: int) -> None:
@@ -162,15 +163,16 @@ def _pg_bindir() -> str:
     return str(found[-1].parent)
 
 
-def walsender_pid(node: int) -> int:
-    """The process streaming WAL from ``node`` (the primary) to its standby. Stopping it
-    keeps new WAL on the primary alone; stopping the standby's receiver would not (what was
-    sent waits in the socket's buffers and is read on resumption, even after the primary
-    died)."""
-    pid = _query(PG_NODE_PORTS[node - 1], "SELECT pid FROM pg_stat_replication")
-    if not isinstance(pid, int):
-        raise RuntimeError(f"node {node} streams to no standby (is it the primary?)")
-    return pid
+def walsender_pids(node: int) -> list[int]:
+    """The processes streaming WAL from ``node`` (the primary) to its standbys. Stopping
+    them keeps new WAL on the primary alone; stopping the standbys' receivers would not
+    (what was sent waits in the socket's buffers and is read on resumption, even after the
+    primary died)."""
+    pids = _query(PG_NODE_PORTS[node - 1],
+                  "SELECT coalesce(array_agg(pid), '{}') FROM pg_stat_replication")
+    if not isinstance(pids, list) or len(pids) != len(PG_NODE_PORTS) - 1:
+        raise RuntimeError(f"node {node} does not stream to every standby (is it the primary?)")
+    return [int(pid) for pid in pids]
 
 
 # ----------------------------------------------------------------------- Kafka
