@@ -74,3 +74,14 @@ def test_pg_auto_failover_promotes_only_after_a_partitioned_primary_stopped_itse
     checks = int(monitor["health_check_period"]) + int(monitor["health_check_max_retries"]) * (
         int(monitor["health_check_retry_delay"]) + int(monitor["health_check_timeout"]))
     assert checks <= 7_000
+
+
+def test_postgres_keeps_every_acknowledged_commit_on_two_nodes() -> None:
+    """Three data nodes, a commit acknowledged once one of the two standbys has it: with a
+    single standby pg_auto_failover 2.0 takes writes on the primary alone in a switchover
+    (docs/failover.md), and the Kubernetes overlay's CloudNativePG cluster has three."""
+    assert len(_array("PG_NODE_PORTS")) == 3
+    assert _scalar("PG_NUMBER_SYNC_STANDBYS") == "1"
+    assert "for node in 1 2 3; do pg_node_up" in HA_SH
+    overlay = (ROOT / "deploy/k8s/overlays/ha/postgres-cluster.yaml").read_text()
+    assert re.search(r"^  instances: 3$", overlay, re.M)

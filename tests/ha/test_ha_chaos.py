@@ -1,13 +1,15 @@
 """The HA smoke (``make ha-smoke``): on the replicated stack (``make ha-up``), one failover
 of each engine under load with the chaos run's checker, and its negative control.
 
-- smoke: kill -9 of the PostgreSQL primary (the synchronous secondary is promoted), of a
+- the formation: a primary whose two standbys are both in its synchronous quorum, a commit
+  waiting for one of them (``number_sync_standbys`` 1);
+- smoke: kill -9 of the PostgreSQL primary (the most advanced secondary is promoted), of a
   Kafka node leading partitions (leadership balanced first), of the Redis master
   (Sentinel promotes the replica), and result writes refused (NOT_ENOUGH_REPLICAS) past the
   delivery timeout: every invariant holds, the workers retried the refused writes, and the
   report gives each fault's gap, the partitions the leader kill took away and the
   failovers nobody injected;
-- negative control: the same PostgreSQL failover with asynchronous commits and the standby
+- negative control: the same PostgreSQL failover with asynchronous commits and the standbys
   behind at the kill. The checker must report the decisions the new primary lacks; a
   checker that passed there could not see the loss synchronous replication prevents.
 
@@ -39,6 +41,17 @@ def ha_stack_up() -> None:
         pytest.fail("the replicated stack is not up: run make ha-smoke (or make ha-up first)")
     ha_stack.pg_primary()  # raises if PostgreSQL does not answer
     assert ha_stack.redis_master() in ha_stack.REDIS_PORTS
+
+
+def test_every_commit_waits_for_one_of_two_standbys() -> None:
+    """With one standby, pg_auto_failover 2.0 lets the primary take writes alone whenever
+    that standby is not a healthy secondary (in every switchover, and after a failover):
+    acknowledged commits the promoted node never had (docs/failover.md)."""
+    assert ha_stack.pg_number_sync_standbys() == 1
+    primary = ha_stack.PG_NODE_PORTS[ha_stack.pg_primary() - 1]
+    names = str(ha_stack.pg_query(primary, "SELECT current_setting('synchronous_standby_names')"))
+    assert re.fullmatch(r"ANY 1 \(\w+, \w+\)", names), names
+    assert ha_stack.pg_healthy()
 
 
 def _run(tmp_path: Path, **extra: str) -> tuple[int, str]:

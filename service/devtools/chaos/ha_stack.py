@@ -77,10 +77,11 @@ def _pidfile(path: Path) -> int:
 
 
 # ------------------------------------------------------------------ PostgreSQL
-def _query(port: int, sql: str) -> object:
+def pg_query(port: int, sql: str, database: str = "postgres") -> object:
+    """One value from the server on ``port`` (2 s to connect, 2 s to answer)."""
     async def run() -> object:
         conn = await asyncpg.connect(host="localhost", port=port, user="postgres",
-                                     database="postgres", timeout=2)
+                                     database=database, timeout=2)
         try:
             return await conn.fetchval(sql, timeout=2)
         finally:
@@ -88,11 +89,18 @@ def _query(port: int, sql: str) -> object:
     return asyncio.run(run())
 
 
+def pg_number_sync_standbys() -> int:
+    """The formation's number_sync_standbys, as the monitor holds it."""
+    return int(str(pg_query(PG_MONITOR_PORT, "SELECT number_sync_standbys FROM "
+                            "pgautofailover.formation WHERE formationid = 'default'",
+                            database="pg_auto_failover")))
+
+
 def pg_primary() -> int:
     """The node (1-3) that takes writes now."""
     for node, port in enumerate(PG_NODE_PORTS, 1):
         try:
-            if _query(port, "SELECT NOT pg_is_in_recovery()"):
+            if pg_query(port, "SELECT NOT pg_is_in_recovery()"):
                 return node
         except (OSError, asyncpg.PostgresError, TimeoutError):
             continue
@@ -103,8 +111,8 @@ def pg_healthy() -> bool:
     """A primary with synchronous replication on, both secondaries streaming to it and in
     its quorum."""
     primary = PG_NODE_PORTS[pg_primary() - 1]
-    names = _query(primary, "SELECT current_setting('synchronous_standby_names')")
-    streaming = _query(primary, "SELECT count(*) FROM pg_stat_replication "
+    names = pg_query(primary, "SELECT current_setting('synchronous_standby_names')")
+    streaming = pg_query(primary, "SELECT count(*) FROM pg_stat_replication "
                                 "WHERE state = 'streaming' AND sync_state IN ('sync', 'quorum')")
     return bool(names) and streaming == len(PG_NODE_PORTS) - 1
 
@@ -168,7 +176,7 @@ def walsender_pids(node: int) -> list[int]:
     them keeps new WAL on the primary alone; stopping the standbys' receivers would not
     (what was sent waits in the socket's buffers and is read on resumption, even after the
     primary died)."""
-    pids = _query(PG_NODE_PORTS[node - 1],
+    pids = pg_query(PG_NODE_PORTS[node - 1],
                   "SELECT coalesce(array_agg(pid), '{}') FROM pg_stat_replication")
     if not isinstance(pids, list) or len(pids) != len(PG_NODE_PORTS) - 1:
         raise RuntimeError(f"node {node} does not stream to every standby (is it the primary?)")
