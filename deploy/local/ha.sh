@@ -152,9 +152,10 @@ pg_ha_up() {
 # with a single standby, pg_auto_failover 2.0 lets the primary take writes alone whenever
 # that standby is not a healthy secondary, for a moment in every switchover (its issue
 # #774) and until a killed primary's successor has a standby again. With two, the one
-# not being promoted or rebuilt keeps a second copy of every acknowledged commit; and with
-# number_sync_standbys 1 (not 0) a primary whose two standbys are both gone refuses
-# writes rather than acknowledge them from one copy. The monitor sets 1 by itself when the
+# not being promoted or rebuilt keeps the second copy (all but the second after a
+# promotion, until a standby follows the new primary); and with number_sync_standbys 1
+# (not 0) a primary whose two standbys are both gone makes its commits wait rather than
+# acknowledge them from one copy. The monitor sets 1 by itself when the
 # second standby joins; it is checked here and set if a formation made otherwise lacks it.
 PG_NUMBER_SYNC_STANDBYS=1
 
@@ -180,10 +181,9 @@ pg_number_sync_standbys() {
 # and 20 s. The new primary then takes writes once the old one is demoted or
 # primary_demote_timeout has passed: pg_auto_failover's 30 s, stated, not shortened. It
 # must outlast the keepers' network_partition_timeout (3 s, see pg_keeper_settings), after
-# which a primary that can reach neither the monitor nor its standby stops taking writes
-# by itself. It does not protect a switchover from pg_auto_failover 2.0's race (#774): the
-# old primary sent to wait_primary, synchronous replication off, its writes lost to the
-# rewind however long the timeout (docs/failover.md).
+# which a primary that can reach neither the monitor nor its standbys stops taking writes
+# by itself. It did not protect a switchover with one standby from pg_auto_failover 2.0's
+# race (#774), whatever its length; the third node above does (docs/failover.md).
 PG_MONITOR_SETTINGS=(
   "pgautofailover.health_check_period=1000"
   "pgautofailover.health_check_timeout=2000"
