@@ -182,6 +182,9 @@ async def _plant(dsn: str, sql: str) -> str:
 
 # What a reversal released, released once more: the hold and its account's held amount
 # lowered again, as a release applied twice (a redelivery decided anew) would leave them.
+# A run's few partial reversals of holds still active (2 to 5 in 3 s of load) may be none
+# on a loaded host: then an active hold loses half of what it holds, as a second release
+# of a reversal the log does not have; the checker sees the same disagreement.
 _RELEASE_AGAIN = """
 WITH released AS (
     SELECT m.original_txn_id AS hold, m.amount_applied AS amount
@@ -190,8 +193,10 @@ WITH released AS (
     SELECT o.original_txn_id, o.applied FROM orphan_reversals o
      WHERE o.state = 'APPLIED' AND o.applied > 0
 ), victim AS (
-    SELECT h.txn_id, h.account_id, r.amount FROM released r JOIN holds h ON h.txn_id = r.hold
-     WHERE h.state = 'ACTIVE' AND h.remaining > r.amount ORDER BY h.txn_id LIMIT 1
+    SELECT h.txn_id, h.account_id, coalesce(r.amount, round(h.remaining / 2, 2)) AS amount
+      FROM holds h LEFT JOIN released r ON r.hold = h.txn_id AND h.remaining > r.amount
+     WHERE h.state = 'ACTIVE' AND h.remaining > 0.01
+     ORDER BY r.hold IS NULL, h.txn_id LIMIT 1
 ), hold AS (
     UPDATE holds h SET remaining = h.remaining - v.amount FROM victim v
      WHERE h.txn_id = v.txn_id RETURNING h.txn_id
