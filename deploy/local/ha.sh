@@ -124,6 +124,7 @@ pg_ha_up() {
   [ "$(id -u)" = 0 ] && chown postgres:postgres "$PG_HA_DIR"
   if ! listening "$PG_MONITOR_PORT"; then
     if [ ! -f "$PG_HA_DIR/monitor/PG_VERSION" ]; then
+      pg_forget_keeper "$PG_HA_DIR/monitor"
       step "postgres: creating the pg_auto_failover monitor"
       autoctl create monitor --pgdata "$PG_HA_DIR/monitor" --pgport "$PG_MONITOR_PORT" \
         --hostname localhost --auth trust --no-ssl >"$HA_DIR/pg-monitor-create.log" 2>&1 \
@@ -218,6 +219,16 @@ pg_keeper_settings() { # pg_keeper_settings NODE: the keeper's own timeout, then
   autoctl reload --pgdata "$data" >/dev/null 2>&1 || true
 }
 
+pg_forget_keeper() { # pg_forget_keeper PGDATA: a keeper's files left from a removed PGDATA
+  # pg_autoctl keeps each node's configuration and state outside its PGDATA (XDG
+  # directories of the user it runs as, by the PGDATA's path); left behind when PGDATA is
+  # deleted, they make the next `create` "continue" an old node and fail on its system
+  # identifier.
+  local home
+  home=$( [ "$(id -u)" = 0 ] && getent passwd postgres | cut -d: -f6 || echo "$HOME")
+  rm -rf "$home/.config/pg_autoctl$1" "$home/.local/share/pg_autoctl$1"
+}
+
 pg_node_up() { # pg_node_up NODE (1-3): create or restart it; waits until it settles
   local port=${PG_NODE_PORTS[$(($1 - 1))]} data="$PG_HA_DIR/node$1"
   if listening "$port"; then
@@ -231,6 +242,7 @@ pg_node_up() { # pg_node_up NODE (1-3): create or restart it; waits until it set
     background "$HA_DIR/pg-node$1.log" "${PG_AS[@]}" env PATH="$(pg_bindir):$PATH" \
       pg_autoctl run --pgdata "$data"
   else
+    pg_forget_keeper "$data"
     background "$HA_DIR/pg-node$1.log" "${PG_AS[@]}" env PATH="$(pg_bindir):$PATH" \
       pg_autoctl create postgres --pgdata "$data" --pgport "$port" --hostname localhost \
       --auth trust --no-ssl --monitor "$MONITOR_URI" --dbname "$PG_DB" --run
