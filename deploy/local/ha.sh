@@ -156,8 +156,8 @@ pg_ha_up() {
 # not being promoted or rebuilt keeps the second copy (all but the second after a
 # promotion, until a standby follows the new primary); and with number_sync_standbys 1
 # (not 0) a primary whose two standbys are both gone makes its commits wait rather than
-# acknowledge them from one copy. The monitor sets 1 by itself when the
-# second standby joins; it is checked here and set if a formation made otherwise lacks it.
+# acknowledge them from one copy. The monitor sets 1 by itself when the second standby
+# joins; it is checked here and set if a formation made otherwise lacks it.
 PG_NUMBER_SYNC_STANDBYS=1
 
 pg_formation_sync_standbys() {
@@ -281,14 +281,14 @@ pg_sync_on() { # both standbys in the primary's quorum: ANY 1 (name, name)
 }
 
 pg_ha_down() {
-  local n
-  for n in node3 node2 node1 monitor; do
+  local n order=(node3 node2 node1 monitor)  # the standbys and primary, then the monitor
+  for n in "${order[@]}"; do
     [ -f "$PG_HA_DIR/$n/PG_VERSION" ] || continue
     step "postgres: stopping $n"
     autoctl stop --pgdata "$PG_HA_DIR/$n" >/dev/null 2>&1 || true
   done
   # `pg_autoctl stop` only asks: wait until each keeper has gone, or the next `up` finds it
-  for n in node3 node2 node1 monitor; do
+  for n in "${order[@]}"; do
     [ -f "$PG_HA_DIR/$n/PG_VERSION" ] || continue
     wait_for "$n to stop" 60 pg_keeper_gone "$PG_HA_DIR/$n" || die "postgres: $n did not stop"
   done

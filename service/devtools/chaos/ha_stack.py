@@ -113,7 +113,7 @@ def pg_healthy() -> bool:
     primary = PG_NODE_PORTS[pg_primary() - 1]
     names = pg_query(primary, "SELECT current_setting('synchronous_standby_names')")
     streaming = pg_query(primary, "SELECT count(*) FROM pg_stat_replication "
-                                "WHERE state = 'streaming' AND sync_state IN ('sync', 'quorum')")
+                                  "WHERE state = 'streaming' AND sync_state IN ('sync', 'quorum')")
     return bool(names) and streaming == len(PG_NODE_PORTS) - 1
 
 
@@ -177,7 +177,7 @@ def walsender_pids(node: int) -> list[int]:
     (what was sent waits in the socket's buffers and is read on resumption, even after the
     primary died)."""
     pids = pg_query(PG_NODE_PORTS[node - 1],
-                  "SELECT coalesce(array_agg(pid), '{}') FROM pg_stat_replication")
+                    "SELECT coalesce(array_agg(pid), '{}') FROM pg_stat_replication")
     if not isinstance(pids, list) or len(pids) != len(PG_NODE_PORTS) - 1:
         raise RuntimeError(f"node {node} does not stream to every standby (is it the primary?)")
     return [int(pid) for pid in pids]
