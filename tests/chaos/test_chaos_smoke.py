@@ -9,6 +9,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from tests.support import stack
 
 KINDS = {
@@ -19,6 +21,9 @@ KINDS = {
 }
 
 
+# The run's own bound (the subprocess timeout), not the suite's 300 s: the 45 s run, its
+# workers' start and the checker took longer than 300 s on a loaded host.
+@pytest.mark.timeout(1200)
 def test_a_short_chaos_run_injects_every_fault_and_holds_every_invariant(live_stack,
                                                                         tmp_path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PAYAUTH_", "CHAOS_"))}
