@@ -237,8 +237,12 @@ def test_the_overlay_fails_over_within_the_budget_the_chaos_run_measured() -> No
     # Strimzi ignores every `broker.` option: the session timeout cannot be carried over
     assert not any(key.startswith("broker.") for key in config)
     for key in ("leader.imbalance.check.interval.seconds",
-                "leader.imbalance.per.broker.percentage", "offsets.topic.segment.bytes"):
+                "leader.imbalance.per.broker.percentage", "offsets.topic.segment.bytes",
+                "controller.quorum.fetch.timeout.ms", "controller.quorum.election.timeout.ms",
+                "controller.quorum.election.backoff.max.ms"):
         assert str(config[key]) == local[key], key
+    # KIP-1236's floor: twice the active controller's 500 ms fetch wait
+    assert int(local["controller.quorum.fetch.timeout.ms"]) >= 1000
     assert config["auto.leader.rebalance.enable"] is True
     assert local["auto.leader.rebalance.enable"] == "true"
 
