@@ -178,7 +178,7 @@ pg_number_sync_standbys() {
 # Failover within seconds (docs/failover.md). The monitor promotes a secondary once the
 # primary both fails its health checks and has not reported for
 # node_considered_unhealthy_timeout: a check each second, a failed one retried twice 500 ms
-# apart (a connection that takes 2 s is a failure), and 3 s of silence, instead of 5 s, 2 s
+# apart (a connection that takes 2 s is a failure), and 2 s of silence, instead of 5 s, 2 s
 # and 20 s. The new primary then takes writes once the old one is demoted or
 # primary_demote_timeout has passed: pg_auto_failover's 30 s, stated, not shortened. It
 # must outlast the keepers' network_partition_timeout (3 s, see pg_keeper_settings), after
@@ -190,7 +190,7 @@ PG_MONITOR_SETTINGS=(
   "pgautofailover.health_check_timeout=2000"
   "pgautofailover.health_check_max_retries=2"
   "pgautofailover.health_check_retry_delay=500"
-  "pgautofailover.node_considered_unhealthy_timeout=3000"
+  "pgautofailover.node_considered_unhealthy_timeout=2000"
   "pgautofailover.primary_demote_timeout=30000"
 )
 PG_KEEPER_NETWORK_PARTITION_TIMEOUT=3

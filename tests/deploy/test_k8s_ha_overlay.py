@@ -248,7 +248,8 @@ def test_the_overlay_fails_over_within_the_budget_the_chaos_run_measured() -> No
 
     cluster = _one("Cluster")["spec"]
     readiness = cluster["probes"]["readiness"]
-    # a dead primary is noticed within the local monitor's 3 s of silence, give or take a probe
+    # a dead primary is noticed within about the 2 to 4 s the local monitor takes (its
+    # checks failed and 2 s of silence), give or take a probe
     assert cluster["failoverDelay"] == 0
     assert readiness["periodSeconds"] * readiness["failureThreshold"] <= 5
     assert cluster["switchoverDelay"] <= 60

@@ -72,6 +72,24 @@ def _kill_group(pid: int, sig: int) -> None:
     os.killpg(os.getpgid(pid), sig)
 
 
+def _kill_group_and_wait(pid: int, timeout: float = 30) -> None:
+    """SIGKILL to the node's process group, then until ``pid`` has exited: a restart that
+    still found its port open would take the dying node for a running one and start none."""
+    _kill_group(pid, signal.SIGKILL)
+    _wait(f"process {pid} gone", lambda: _gone(pid), timeout)
+
+
+def _gone(pid: int) -> bool:
+    """``pid`` has exited; a zombie counts (its sockets are closed, only its parent's
+    wait is missing)."""
+    try:
+        # pid (comm) state ...: comm may hold spaces, so split after its ')'
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state in ("Z", "X")
+
+
 def _pidfile(path: Path) -> int:
     return int(path.read_text().split()[0])
 
@@ -266,7 +284,7 @@ def _kafka_pid(node: int) -> int:
 
 
 def kafka_kill(node: int) -> None:
-    _kill_group(_kafka_pid(node), signal.SIGKILL)
+    _kill_group_and_wait(_kafka_pid(node))
 
 
 def kafka_pause(node: int) -> None:

@@ -15,9 +15,12 @@ import time
 
 class TcpProxy:
     def __init__(self, target_port: int, target_host: str = "127.0.0.1",
-                 listen_port: int = 0) -> None:
-        """``listen_port`` 0: any free port (read ``port``)."""
+                 listen_port: int = 0, connect_timeout: float = 5) -> None:
+        """``listen_port`` 0: any free port (read ``port``). ``connect_timeout`` bounds the
+        connection to the target only: a connection through the proxy may then stay idle
+        as long as its ends like, as on a real network."""
         self._target = (target_host, target_port)
+        self._connect_timeout = connect_timeout
         self._listener = socket.socket()
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._listener.bind(("127.0.0.1", listen_port))
@@ -40,10 +43,14 @@ class TcpProxy:
                 client.close()
                 continue
             try:
-                upstream = socket.create_connection(self._target, timeout=5)
+                upstream = socket.create_connection(self._target, timeout=self._connect_timeout)
             except OSError:
                 client.close()
                 continue
+            # create_connection's timeout stays on the socket for every recv after it: an
+            # upstream quiet that long (an idle pool connection, a paused broker) would be
+            # closed by the proxy, a fault nobody injected
+            upstream.settimeout(None)
             with self._lock:
                 self._conns += [client, upstream]
             for a, b in ((client, upstream), (upstream, client)):

@@ -1,0 +1,67 @@
+"""The chaos runs' TCP proxy on loopback: a connection through it stays open while idle
+(as on a real network) and carries bytes both ways; a cut resets it. The target is a
+plain echo server of this test."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+from service.devtools.chaos.proxy import TcpProxy
+
+
+def _echo_server() -> socket.socket:
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        with server:
+            while True:
+                try:
+                    conn, _ = server.accept()
+                except OSError:
+                    return
+                threading.Thread(target=_echo, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server
+
+
+def _echo(conn: socket.socket) -> None:
+    with conn:
+        while data := conn.recv(1024):
+            conn.sendall(data)
+
+
+def test_an_idle_connection_outlives_the_connect_timeout() -> None:
+    server = _echo_server()
+    proxy = TcpProxy(server.getsockname()[1], connect_timeout=0.3)
+    try:
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as client:
+            client.sendall(b"before")
+            assert client.recv(1024) == b"before"
+            time.sleep(1.0)  # idle for three connect timeouts
+            client.sendall(b"after")
+            assert client.recv(1024) == b"after"
+    finally:
+        proxy.close()
+        server.close()
+
+
+def test_a_cut_resets_the_connection() -> None:
+    server = _echo_server()
+    proxy = TcpProxy(server.getsockname()[1])
+    try:
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as client:
+            client.sendall(b"ping")
+            assert client.recv(1024) == b"ping"
+            proxy.cut()
+            try:
+                client.sendall(b"lost")
+                reply = client.recv(1024)
+            except ConnectionResetError:
+                reply = None
+            assert not reply  # reset, or closed without a byte
+    finally:
+        proxy.close()
+        server.close()
