@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections import Counter
@@ -72,22 +73,13 @@ def _kill_group(pid: int, sig: int) -> None:
     os.killpg(os.getpgid(pid), sig)
 
 
-def _kill_group_and_wait(pid: int, timeout: float = 30) -> None:
-    """SIGKILL to the node's process group, then until ``pid`` has exited: a restart that
-    still found its port open would take the dying node for a running one and start none."""
-    _kill_group(pid, signal.SIGKILL)
-    _wait(f"process {pid} gone", lambda: _gone(pid), timeout)
-
-
-def _gone(pid: int) -> bool:
-    """``pid`` has exited; a zombie counts (its sockets are closed, only its parent's
-    wait is missing)."""
+def _accepts(port: int) -> bool:
+    """Something listens on ``port`` (loopback)."""
     try:
-        # pid (comm) state ...: comm may hold spaces, so split after its ')'
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return True
-    return state in ("Z", "X")
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
 
 
 def _pidfile(path: Path) -> int:
@@ -284,7 +276,7 @@ def _kafka_pid(node: int) -> int:
 
 
 def kafka_kill(node: int) -> None:
-    _kill_group_and_wait(_kafka_pid(node))
+    _kill_group(_kafka_pid(node), signal.SIGKILL)
 
 
 def kafka_pause(node: int) -> None:
@@ -296,7 +288,13 @@ def kafka_resume(node: int) -> None:
 
 
 def kafka_restart(node: int, topics: list[str]) -> None:
-    """The node back, in sync, and leading its preferred partitions again."""
+    """The node back, in sync, and leading its preferred partitions again. Once the killed
+    node's port is closed: ha.sh starts a node only if nothing listens on its port, and a
+    dying JVM can still hold it for a moment after the kill."""
+    port, deadline = KAFKA_PORTS[node - 1], time.monotonic() + 10
+    # still open after 10 s: a node that was never killed, which ha.sh leaves running
+    while _accepts(port) and time.monotonic() < deadline:
+        time.sleep(0.1)
     _ha_sh("kafka-node-up", str(node))
     kafka_wait_in_sync(topics)
     kafka_balance(topics)

@@ -76,8 +76,12 @@ class TcpProxy:
             conns, self._conns = self._conns, []
         for s in conns:
             with contextlib.suppress(OSError):
-                # SO_LINGER 0: close sends a reset, as a crashed peer or a cut cable would.
+                # SO_LINGER 0: the socket's release sends a reset, as a crashed peer or a cut
+                # cable would. close() alone does not wake the pipe thread blocked in recv on
+                # it, which holds the socket until its next byte; shutdown(SHUT_RD) does,
+                # without sending anything itself.
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                s.shutdown(socket.SHUT_RD)
                 s.close()
 
     def restore(self) -> None:

@@ -4,6 +4,7 @@ plain echo server of this test."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -28,7 +29,7 @@ def _echo_server() -> socket.socket:
 
 
 def _echo(conn: socket.socket) -> None:
-    with conn:
+    with conn, contextlib.suppress(ConnectionResetError):  # a cut resets this side too
         while data := conn.recv(1024):
             conn.sendall(data)
 
@@ -62,6 +63,26 @@ def test_a_cut_resets_the_connection() -> None:
             except ConnectionResetError:
                 reply = None
             assert not reply  # reset, or closed without a byte
+    finally:
+        proxy.close()
+        server.close()
+
+
+def test_a_cut_resets_a_quiet_connection_at_once() -> None:
+    """The client sends nothing after the cut: the reset still comes, as from a crashed
+    server, not only when the client next writes."""
+    server = _echo_server()
+    proxy = TcpProxy(server.getsockname()[1])
+    try:
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=3) as client:
+            client.sendall(b"ping")
+            assert client.recv(1024) == b"ping"
+            proxy.cut()
+            try:
+                reply = client.recv(1024)
+            except ConnectionResetError:
+                reply = b""
+            assert reply == b""  # not a timeout: socket.timeout would fail the test
     finally:
         proxy.close()
         server.close()
