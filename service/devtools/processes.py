@@ -1,11 +1,13 @@
 """Worker processes seen from outside: start ``payauth run``, find its metrics port in its log,
-scrape it, signal it. Used by the demo, the chaos run and the tests."""
+scrape it, signal it, see whether a port listens. Used by the demo, the chaos run and the
+tests."""
 
 from __future__ import annotations
 
 import json
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -17,6 +19,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)"')
+
+
+def port_open(host: str, port: int) -> bool:
+    """Something listens on ``host``:``port`` (half a second to connect)."""
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, port)) == 0
 
 
 def parse_metrics(text: str) -> dict[str, float]:

@@ -24,6 +24,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from service.adapters.kafka.admin import committed_offsets as kafka_committed
+from service.devtools.processes import port_open
 
 ROOT = Path(__file__).resolve().parents[2]
 BOOTSTRAP = os.environ.get("PAYAUTH_KAFKA_BOOTSTRAP_SERVERS", "localhost:9092")
@@ -65,12 +66,6 @@ def with_database(dsn: str, database: str) -> str:
     """``dsn`` naming ``database`` (its query, e.g. sslmode and sslrootcert, kept)."""
     parts = urlsplit(dsn)
     return urlunsplit(parts._replace(path=f"/{database}"))
-
-
-def port_open(host: str, port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(0.5)
-        return sock.connect_ex((host, port)) == 0
 
 
 def require_stack() -> None:

@@ -13,7 +13,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections import Counter
@@ -31,7 +30,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # re-exported
     ResourceType,
 )
 
-from service.devtools.processes import ROOT
+from service.devtools.processes import ROOT, port_open
 
 HA_SH = ROOT / "deploy/local/ha.sh"
 HA_DIR = ROOT / ".stack/ha"
@@ -71,15 +70,6 @@ def _kill_group(pid: int, sig: int) -> None:
     """Signal the process group ``pid`` leads or belongs to: ha.sh starts each node in a
     session of its own, so this is the whole node (keeper and server), as a crash is."""
     os.killpg(os.getpgid(pid), sig)
-
-
-def _accepts(port: int) -> bool:
-    """Something listens on ``port`` (loopback)."""
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-    except OSError:
-        return False
-    return True
 
 
 def _pidfile(path: Path) -> int:
@@ -293,7 +283,7 @@ def kafka_restart(node: int, topics: list[str]) -> None:
     dying JVM can still hold it for a moment after the kill."""
     port, deadline = KAFKA_PORTS[node - 1], time.monotonic() + 10
     # still open after 10 s: a node that was never killed, which ha.sh leaves running
-    while _accepts(port) and time.monotonic() < deadline:
+    while port_open("127.0.0.1", port) and time.monotonic() < deadline:
         time.sleep(0.1)
     _ha_sh("kafka-node-up", str(node))
     kafka_wait_in_sync(topics)

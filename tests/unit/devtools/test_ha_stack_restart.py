@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import socket
 
-from service.devtools.chaos.ha_stack import _accepts
+from service.devtools.processes import port_open
 
 
 def test_a_port_is_seen_open_while_it_listens_and_closed_after() -> None:
     server = socket.create_server(("127.0.0.1", 0))
     port = server.getsockname()[1]
-    assert _accepts(port)
+    assert port_open("127.0.0.1", port)
     server.close()
-    assert not _accepts(port)
+    assert not port_open("127.0.0.1", port)
