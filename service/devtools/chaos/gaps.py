@@ -16,7 +16,6 @@ lanes overlap at times: a gap counts whatever else was happening too.
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 import threading
 import time
@@ -99,28 +98,47 @@ def render(gaps: dict[str, list[Gap]], horizon: float = 120.0) -> list[str]:
 
 class CommitObserver:
     """Samples ``group``'s committed offsets on ``topic`` every ``interval`` seconds in a
-    thread (a consumer that never joins the group: it reads, it does not take part)."""
+    thread (a consumer that never joins the group: it reads, it does not take part).
+
+    A sample that fails replaces the client. A coordinator that went quiet (paused, cut
+    off) holds the requests of a client that knows it until it answers again, whatever
+    the group has done meanwhile: an observer that kept one client saw the commits of a
+    group that had moved to a new coordinator only once the paused node woke, and charged
+    the workers for the whole pause. A new client asks the cluster who coordinates now, as
+    a lag exporter that asks afresh would."""
 
     def __init__(self, conf: dict[str, Any], group: str, topic: str, partitions: int,
                  interval: float = 0.25) -> None:
-        self._consumer = Consumer({**conf, "group.id": group, "enable.auto.commit": False})
+        self._conf = {**conf, "group.id": group, "enable.auto.commit": False}
+        self._consumer = Consumer(self._conf)
         self._tps = [TopicPartition(topic, p) for p in range(partitions)]
         self._interval = interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="commit-observer", daemon=True)
         self.samples: list[Sample] = []
+        self.clients_replaced = 0
 
     def start(self) -> None:
         self._thread.start()
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            # a coordinator that moves or is down: no sample this time, which is the point
-            with contextlib.suppress(KafkaException):
+            try:
                 committed = self._consumer.committed(self._tps, timeout=2)
+            except KafkaException:
+                # no sample this time, which is the point; and a client that asks afresh
+                self._replace_client()
+            else:
                 self.samples.append((time.time(),
                                      {tp.partition: tp.offset for tp in committed}))
             self._stop.wait(self._interval)
+
+    def _replace_client(self) -> None:
+        stuck, self._consumer = self._consumer, Consumer(self._conf)
+        self.clients_replaced += 1
+        # closed aside: a close may wait on the quiet broker, the samples must not
+        threading.Thread(target=stuck.close, name="commit-observer-close",
+                         daemon=True).start()
 
     def wait_all_committed(self, timeout: float) -> bool:
         """True once a sample has a committed offset on every partition (the group is at

@@ -3,7 +3,15 @@ load generator's writes, until messages written after a fault are decided and co
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+from service.devtools.chaos import gaps as gaps_module
 from service.devtools.chaos.gaps import (
+    CommitObserver,
     Gap,
     every_partition_committed,
     gap_after,
@@ -81,3 +89,41 @@ def test_each_fault_is_listed_in_time_order_with_the_time_to_the_next() -> None:
         ["15", "b", "30.0", "31.0", "25.0"],
         ["40", "a", "-", "-", "-"],
     ]
+
+
+class _QuietCoordinator:
+    """A client whose coordinator went quiet: every committed() times out, for good (a
+    client of librdkafka keeps asking the node it knows)."""
+    closed = 0
+
+    def __init__(self, conf: dict[str, Any]) -> None:
+        pass
+
+    def committed(self, tps: list[TopicPartition], timeout: float) -> list[TopicPartition]:
+        raise KafkaException(KafkaError(KafkaError._TIMED_OUT))
+
+    def close(self) -> None:
+        type(self).closed += 1
+
+
+class _NewCoordinator(_QuietCoordinator):
+    def committed(self, tps: list[TopicPartition], timeout: float) -> list[TopicPartition]:
+        return [TopicPartition(tp.topic, tp.partition, 7) for tp in tps]
+
+
+def test_the_observer_asks_with_a_new_client_after_a_failed_sample(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The first client is stuck on a quiet coordinator; its successor finds the new one.
+    # An observer that kept the first client would sample nothing until the quiet node
+    # woke, and charge the workers for it.
+    made = iter([_QuietCoordinator, _NewCoordinator])
+    monkeypatch.setattr(gaps_module, "Consumer", lambda conf: next(made)(conf))
+    observer = CommitObserver({}, "g", "t", 2, interval=0.01)
+    observer.start()
+    deadline = time.monotonic() + 5
+    while not observer.samples and time.monotonic() < deadline:
+        time.sleep(0.01)
+    observer.stop()
+    assert observer.samples and observer.samples[0][1] == {0: 7, 1: 7}
+    assert observer.clients_replaced == 1
+    assert _QuietCoordinator.closed >= 1  # the stuck client closed (aside), not leaked
