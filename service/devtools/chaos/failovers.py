@@ -1,6 +1,6 @@
 """Failovers the HA chaos run saw, and whether a fault explains each.
 
-A watcher samples, twice a second from outside the workers, who leads each engine: the
+A watcher samples, once a second from outside the workers, who leads each engine: the
 PostgreSQL node that takes writes, the Redis master the Sentinels name, the Kafka active
 controller and the leader of each input and output partition. Every change is a failover;
 it is *injected* when a fault that can cause it (a kind of ``CAUSES`` for that engine) was
@@ -77,16 +77,18 @@ def attribute(samples: list[tuple[float, Leaders]], spans: list[Span],
 
 
 def render(failovers: list[Failover], started: float,
-           sampled: list[float] | None = None) -> list[str]:
+           samples: list[tuple[float, Leaders]] | None = None) -> list[str]:
     """Per engine: the failovers a fault explains and those nobody injected (with when);
-    with ``sampled`` (the samples' times), how often the watcher looked and its longest
-    blind spell (a failover and its return within one spell are not seen)."""
+    with ``samples`` (the watcher's), how often it looked and its longest blind spell: the
+    longest time an engine went without an answer (a failover and its return within one
+    spell are not seen)."""
     engines = sorted(CAUSES)
     lines = []
-    if sampled:
-        spells = [b - a for a, b in itertools.pairwise(sampled)] or [0.0]
-        lines.append(f"  watcher: {len(sampled)} samples over {sampled[-1] - sampled[0]:.0f} s, "
-                     f"longest between two {max(spells):.1f} s")
+    if samples:
+        blind, engine = longest_blind_spell(samples)
+        lines.append(f"  watcher: {len(samples)} samples over "
+                     f"{samples[-1][0] - samples[0][0]:.0f} s, longest without an answer "
+                     f"{blind:.1f} s ({engine})")
     lines.append(f"  {'engine':<32}{'injected':>10}{'nobody injected':>17}")
     for engine in engines:
         mine = [f for f in failovers if f.engine == engine]
@@ -98,6 +100,19 @@ def render(failovers: list[Failover], started: float,
     total = sum(1 for f in failovers if f.cause is None)
     lines.append(f"  {'failovers nobody injected':<32}{total:>10}")
     return lines
+
+
+def longest_blind_spell(samples: list[tuple[float, Leaders]]) -> tuple[float, str]:
+    """The longest time between two answers of one engine (samples where it did not
+    answer count as blind), and that engine; the run's end closes the last spell."""
+    worst = (0.0, "-")
+    end = samples[-1][0]
+    for engine in sorted({e for _, leaders in samples for e in leaders}):
+        answered = [t for t, leaders in samples if leaders.get(engine) is not None]
+        points = [samples[0][0], *answered, end]
+        spell = max(b - a for a, b in itertools.pairwise(points))
+        worst = max(worst, (spell, engine))
+    return worst
 
 
 def _moved(before: object, after: object) -> str:

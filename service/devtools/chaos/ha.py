@@ -122,13 +122,11 @@ class HaChaos(Chaos):
 
     def leader_watcher(self) -> failovers.LeaderWatcher:
         """Who leads each engine, sampled each second (see failovers.py)."""
-        admin = ha.kafka_admin()
-        topics = self.replicated_topics()
         return failovers.LeaderWatcher({
             "postgres primary": ha.pg_primary,
             "redis master": ha.redis_master,
             "kafka controller": ha.kafka_controller,
-            "kafka leaders": lambda: ha.kafka_leader_map(topics, admin),
+            "kafka leaders": ha.KafkaLeaderProbe(self.replicated_topics()),
         }, interval=1.0)
 
     def replicated_topics(self) -> list[str]:
@@ -266,7 +264,7 @@ class HaChaos(Chaos):
             lines.append("  (no leader kill in this run)")
         lines += ["", "failovers seen (leader changes; a fault of the engine's kind striking",
                   "or settling explains one, see chaos/failovers.py)", "-" * 60]
-        lines += failovers.render(seen, self.started, [t for t, _ in self.watcher.samples])
+        lines += failovers.render(seen, self.started, self.watcher.samples)
         lines += ["", "each fault's gap, and the next fault's strike (a gap longer than that",
                   "counts the next fault too)", "-" * 72]
         lines += each_gap(self.fault_starts, gaps, self.started)

@@ -189,11 +189,6 @@ def _admin() -> AdminClient:
                         "log_level": 0})
 
 
-def kafka_admin() -> AdminClient:
-    """An admin client of the replicated cluster, for a caller that keeps asking."""
-    return _admin()
-
-
 def kafka_leaders(topics: list[str]) -> Counter[int]:
     """How many of ``topics``' partitions each node (1-3) leads."""
     meta = _admin().list_topics(timeout=10)
@@ -210,6 +205,33 @@ def kafka_leader_map(topics: list[str], admin: AdminClient) -> tuple[int, ...]:
     meta = admin.list_topics(timeout=5)
     return tuple(meta.topics[name].partitions[p].leader
                  for name in topics for p in sorted(meta.topics[name].partitions))
+
+
+class KafkaLeaderProbe:
+    """``kafka_leader_map`` for a caller that keeps asking (the failover watcher), through
+    one admin client that is replaced after a failed ask. A client keeps sending its
+    metadata requests to a broker it is connected to, a paused one too, until its socket
+    times out (a minute by default): a watcher that kept one client was blind for a whole
+    pause and missed the leaderships the pause moved. A new client connects only to the
+    brokers that answer."""
+
+    def __init__(self, topics: list[str], make_admin: Callable[[], AdminClient] = _admin) -> None:
+        self._topics = topics
+        self._make_admin = make_admin
+        self._admin = make_admin()
+        # kept, not dropped: destroying a client may wait on the quiet broker, and the
+        # watcher must not (a handful per run)
+        self._stuck: list[AdminClient] = []
+        self.clients_replaced = 0
+
+    def __call__(self) -> tuple[int, ...]:
+        try:
+            return kafka_leader_map(self._topics, self._admin)
+        except KafkaException:
+            self._stuck.append(self._admin)
+            self._admin = self._make_admin()
+            self.clients_replaced += 1
+            raise
 
 
 def kafka_controller() -> int:

@@ -3,7 +3,19 @@ fault of its engine's kind striking or settling, or counted as one nobody inject
 
 from __future__ import annotations
 
-from service.devtools.chaos.failovers import Failover, attribute, changes, render
+from types import SimpleNamespace
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from service.devtools.chaos.failovers import (
+    Failover,
+    attribute,
+    changes,
+    longest_blind_spell,
+    render,
+)
+from service.devtools.chaos.ha_stack import KafkaLeaderProbe
 
 SETTLE = {"postgres primary": 5.0, "kafka leaders": 10.0, "redis master": 5.0,
           "kafka controller": 5.0}
@@ -54,6 +66,50 @@ def test_render_counts_per_engine_and_names_each_stray_failover() -> None:
     assert lines[-1].split()[-1] == "1"
 
 
-def test_render_says_how_often_the_watcher_looked() -> None:
-    lines = render([], started=0.0, sampled=[0.0, 1.0, 2.0, 9.5])
-    assert lines[0] == "  watcher: 4 samples over 10 s, longest between two 7.5 s"
+def test_render_says_how_often_the_watcher_looked_and_how_long_it_was_blind() -> None:
+    # a sample where an engine did not answer is no look at it: Kafka's leaders went
+    # unseen from 1.0 to 9.5, although the watcher sampled at 2.0
+    samples: list[tuple[float, dict[str, object]]] = [
+        (0.0, {"redis master": 1, "kafka leaders": (1, 2)}),
+        (1.0, {"redis master": 1, "kafka leaders": (1, 2)}),
+        (2.0, {"redis master": 1, "kafka leaders": None}),
+        (9.5, {"redis master": 1, "kafka leaders": (2, 2)})]
+    lines = render([], started=0.0, samples=samples)
+    assert lines[0] == ("  watcher: 4 samples over 10 s, longest without an answer 8.5 s "
+                        "(kafka leaders)")
+
+
+def test_an_engine_silent_to_the_end_is_blind_to_the_end() -> None:
+    samples: list[tuple[float, dict[str, object]]] = [
+        (0.0, {"redis master": 1}), (1.0, {"redis master": None}), (6.0, {"redis master": None})]
+    assert longest_blind_spell(samples) == (6.0, "redis master")
+
+
+class _Meta:
+    def __init__(self, leaders: list[int]) -> None:
+        parts = {p: SimpleNamespace(leader=leader) for p, leader in enumerate(leaders)}
+        self.topics = {"t": SimpleNamespace(partitions=parts)}
+
+
+class _StuckAdmin:
+    """An admin client whose metadata requests went to a paused broker: each ask times
+    out, for good (librdkafka keeps the connection it has)."""
+
+    def list_topics(self, timeout: float) -> _Meta:
+        raise KafkaException(KafkaError(KafkaError._TIMED_OUT))
+
+
+class _FreshAdmin:
+    def list_topics(self, timeout: float) -> _Meta:
+        return _Meta([2, 3])
+
+
+def test_the_leader_probe_asks_with_a_new_client_after_a_failed_ask() -> None:
+    # A probe that kept the stuck client would answer nothing until the paused broker
+    # woke, and miss the leaderships the pause moved.
+    made = iter([_StuckAdmin(), _FreshAdmin()])
+    probe = KafkaLeaderProbe(["t"], make_admin=lambda: next(made))  # type: ignore[arg-type, return-value]
+    with pytest.raises(KafkaException):
+        probe()
+    assert probe() == (2, 3)
+    assert probe.clients_replaced == 1
