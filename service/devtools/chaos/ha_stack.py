@@ -222,7 +222,10 @@ class KafkaLeaderProbe:
         # kept, not dropped: destroying a client may wait on the quiet broker, and the
         # watcher must not (a handful per run)
         self._stuck: list[AdminClient] = []
-        self.clients_replaced = 0
+
+    @property
+    def clients_replaced(self) -> int:
+        return len(self._stuck)
 
     def __call__(self) -> tuple[int, ...]:
         try:
@@ -230,7 +233,6 @@ class KafkaLeaderProbe:
         except KafkaException:
             self._stuck.append(self._admin)
             self._admin = self._make_admin()
-            self.clients_replaced += 1
             raise
 
 
