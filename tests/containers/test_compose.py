@@ -2,8 +2,8 @@
 three worker replicas) with docker-compose.local-stack.yml pointing them at the local
 stack, by `docker compose` where docker answers, else podman-compose (from PyPI,
 hash-checked against podman-compose.lock, installed under .stack/tools when missing). The
-replicas share one group; `down` stops them cleanly (each leaves the group as it exits, long
-before its session would time out)."""
+replicas share one group; `stop` stops them cleanly (each leaves the group as it exits, long
+before its session would time out, and its log ends in a clean stop)."""
 
 from __future__ import annotations
 
@@ -93,24 +93,27 @@ def test_compose_runs_the_jobs_and_three_replicas_in_one_group(
     ledger = stack.fetch(env.dsn, "SELECT txn_id FROM ledger_entries")
     assert sorted(r["txn_id"] for r in ledger) == sorted(txns)
 
-    # Follow each replica's log through `down`: the last lines are written as it stops.
+    # `stop`, not `down`: a stopped container keeps its log and exit code, where a log
+    # followed through `down` can end before the last lines as the container is removed.
     name = project[project.index("-p") + 1]
     names = engine("ps", "--format", "{{.Names}}",
                    "--filter", "label=com.docker.compose.service=worker",
                    "--filter", f"label=com.docker.compose.project={name}").stdout.split()
     assert len(names) == 3, names
-    followers = [subprocess.Popen([engine.name, "logs", "-f", n], env=engine.env, text=True,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-                 for n in names]
-    down = _run(project, environment, "down")
-    assert down.returncode == 0, down.stdout[-3000:] + down.stderr[-3000:]
-    # The session timeout is the default 45 s: an empty group right after `down` means
+    stop = _run(project, environment, "stop")
+    assert stop.returncode == 0, stop.stdout[-3000:] + stop.stderr[-3000:]
+    # The session timeout is the default 45 s: an empty group right after `stop` means
     # every replica left it as it stopped.
     assert group_members(env.group_id) == []
-    for name, follower in zip(names, followers, strict=True):
-        log = follower.communicate(timeout=60)[0]
+    for name in names:
+        exit_code = engine("inspect", "--format", "{{.State.ExitCode}}", name).stdout.strip()
+        done = engine("logs", name)
+        log = done.stdout + done.stderr
         (tmp_path / f"{name}.log").write_text(log)
         events = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+        assert exit_code == "0", f"{name} exited with {exit_code}: {log[-2000:]}"
         assert [e["exit_code"] for e in events if e["event"] == "worker_stopped"] == [0], \
             log[-2000:]
         assert any(e["event"] == "consumer_closed" for e in events), log[-2000:]
+    down = _run(project, environment, "down")
+    assert down.returncode == 0, down.stdout[-3000:] + down.stderr[-3000:]
