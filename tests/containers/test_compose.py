@@ -107,8 +107,7 @@ def test_compose_runs_the_jobs_and_three_replicas_in_one_group(
     assert group_members(env.group_id) == []
     for name in names:
         exit_code = engine("inspect", "--format", "{{.State.ExitCode}}", name).stdout.strip()
-        done = engine("logs", name)
-        log = done.stdout + done.stderr
+        log = engine.logs(name)
         (tmp_path / f"{name}.log").write_text(log)
         events = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
         assert exit_code == "0", f"{name} exited with {exit_code}: {log[-2000:]}"

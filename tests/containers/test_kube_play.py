@@ -77,10 +77,6 @@ def test_the_statefulset_pod_spec_runs_as_written(engine: Engine, env: stack.Env
     assert read_only == "true", inspect
     assert "no-new-privileges" in security, inspect
 
-    def logs() -> str:
-        done = engine("logs", container)
-        return done.stdout + done.stderr
-
     settings_port = int(yaml.safe_load(path.read_text().split("---")[0])["data"][
         "PAYAUTH_METRICS_PORT"])
 
@@ -99,10 +95,10 @@ def test_the_statefulset_pod_spec_runs_as_written(engine: Engine, env: stack.Env
     try:
         wait_until(lambda: probe("/readyz") == 200, 90, "the pod's readiness endpoint")
     except AssertionError:
-        raise AssertionError(logs()[-3000:]) from None
+        raise AssertionError(engine.logs(container)[-3000:]) from None
     assert probe("/healthz") == 200
     # the instance id from the pod's name (fieldRef metadata.name): static membership
-    assert f'"instance":"{name}"' in logs(), logs()[-2000:]
+    assert f'"instance":"{name}"' in engine.logs(container), engine.logs(container)[-2000:]
     assert len(group_members(env.group_id)) == 1
     # capabilities: none at all in the running process
     status = engine("exec", container, "python", "-c",
@@ -112,4 +108,5 @@ def test_the_statefulset_pod_spec_runs_as_written(engine: Engine, env: stack.Env
     assert caps["CapEff"] == "0000000000000000", caps
     stopped = engine("pod", "stop", "-t", "45", name, timeout=120)
     assert stopped.returncode == 0
-    assert '"exit_code":0,"event":"worker_stopped"' in logs(), logs()[-2000:]
+    assert '"exit_code":0,"event":"worker_stopped"' in engine.logs(container), \
+        engine.logs(container)[-2000:]

@@ -48,6 +48,11 @@ class Engine:
         return subprocess.run([self.name, *args], env=self.env, capture_output=True,
                               text=True, timeout=timeout, check=check)
 
+    def logs(self, container: str) -> str:
+        """What ``container`` wrote, stdout and stderr."""
+        done = self("logs", container)
+        return done.stdout + done.stderr
+
     def has_image(self, image: str = IMAGE) -> bool:
         return self("image", "inspect", image).returncode == 0
 
@@ -113,8 +118,7 @@ class Container:
         return out
 
     def raw_logs(self) -> str:
-        done = self.engine("logs", self.name)
-        return done.stdout + done.stderr
+        return self.engine.logs(self.name)
 
     def events(self, name: str) -> list[dict[str, Any]]:
         return [e for e in self.logs() if e.get("event") == name]
