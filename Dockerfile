@@ -33,6 +33,7 @@ WORKDIR /app
 # .dockerignore keeps service/devtools and the tests out.
 COPY service/ /app/service/
 COPY migrations/ /app/migrations/
+COPY sql/ /app/sql/
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \

@@ -36,12 +36,9 @@ def _cmd_run(settings: Settings, _args: argparse.Namespace) -> int:
 
 
 def _cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
-    from service.ops.migrate import MIGRATIONS_DIR, migrate
+    from service.ops import migrate
 
-    directory = Path(args.dir) if args.dir else MIGRATIONS_DIR
-    applied = asyncio.run(migrate(settings.database_url.get_secret_value(), directory))
-    print(f"migrate: applied {', '.join(applied)}" if applied else "migrate: up to date")
-    return 0
+    return migrate.command(settings, args.dir, args.sql_dir)
 
 
 def _cmd_verify(settings: Settings, args: argparse.Namespace) -> int:
@@ -268,9 +265,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run one worker until SIGTERM/SIGINT")
     p.set_defaults(func=_cmd_run)
 
-    p = sub.add_parser("migrate", help="apply migrations/*.sql, each once")
+    p = sub.add_parser("migrate", help="apply migrations/*.sql, each once, then the "
+                                       "functions and views of sql/ that changed")
     p.add_argument("--dir", type=flags.directory,
                    help="migrations directory (default: the packaged one)")
+    p.add_argument("--sql-dir", type=flags.directory,
+                   help="definitions directory (default: the packaged one)")
     p.set_defaults(func=_cmd_migrate)
 
     p = sub.add_parser("verify", help="check the money invariants; exit 0 only if all hold")

@@ -1,6 +1,6 @@
 """The store's rows as ``StoredResult``s: a dedup record, a ledger entry whose dedup record was
-purged, a lifecycle message (migration 010), and what ``payauth_lifecycle`` answered for a
-batch's message."""
+purged, a lifecycle message, and what ``payauth_authorize`` (sql/payauth_authorize.sql)
+answered for a batch's message."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from service.domain.dedup import StoredResult
+from service.domain.dedup import AppliedReversal, StoredResult
 from service.domain.messages import Authorization, fingerprint_of
 from service.domain.money import format_amount
 from service.domain.vocabulary import DeclineReason, Result
@@ -19,9 +19,23 @@ def _applied(text: str | None, currency: str) -> str | None:
     return None if text is None else format_amount(Decimal(text), currency)
 
 
-def lifecycle_result(a: Authorization, row: Any, processed_at: datetime, batch_id: uuid.UUID,
-                      partition: int) -> StoredResult:
+def _reversals(ids: list[str] | None, amounts: list[str] | None,
+               correlations: list[str | None] | None, currency: str
+               ) -> tuple[AppliedReversal, ...]:
+    """The orphan reversals a decision applied, as the store listed them (three aligned
+    arrays, NULL for none)."""
+    if not ids or amounts is None or correlations is None:
+        return ()
+    return tuple(AppliedReversal(txn, format_amount(Decimal(amount), currency), correlation)
+                 for txn, amount, correlation in zip(ids, amounts, correlations, strict=True))
+
+
+def decided_result(a: Authorization, row: Any, processed_at: datetime, batch_id: uuid.UUID,
+                   partition: int) -> StoredResult:
+    """A message of a batch as ``payauth_authorize`` answered for it: a decision, or why it
+    named an original it cannot (``mismatch``: nothing stored)."""
     mismatch = row["mismatch"]
+    currency = a.currency
     return StoredResult(
         transaction_id=a.transaction_id,
         fingerprint=a.fingerprint,
@@ -42,6 +56,10 @@ def lifecycle_result(a: Authorization, row: Any, processed_at: datetime, batch_i
         forced=row["forced"],
         orphan=row["orphan"],
         mismatch=mismatch,
+        balance_delta_text=_applied(row["balance_delta"], currency),
+        held_delta_text=_applied(row["held_delta"], currency),
+        reversals_applied=_reversals(row["applied_ids"], row["applied_amounts"],
+                                     row["applied_correlations"], currency),
     )
 
 
@@ -65,6 +83,10 @@ def stored_from_row(row: Any) -> StoredResult:
         amount_applied_text=_applied(row["applied_text"], currency),
         forced=row["forced"],
         orphan=row["orphan"],
+        balance_delta_text=_applied(row["balance_delta"], currency),
+        held_delta_text=_applied(row["held_delta"], currency),
+        reversals_applied=_reversals(row["applied_ids"], row["applied_amounts"],
+                                     row["applied_correlations"], currency),
     )
 
 

@@ -4,21 +4,13 @@ Over 400 lines: the store's statements, the translation of its errors and the me
 run them are one adapter, each part read against the others.
 
 One batch of new authorizations is one statement, one round trip, committed on its own:
-``SELECT … FROM payauth_authorize(arrays, one element per authorization in offset order)``
-(migrations 004 and 007; each array sent as one joined text, ``pg_columns``); a batch with
-any lifecycle kind goes to ``payauth_lifecycle`` instead (migrations 010-012: holds,
-reversals, clearings, decided in offset order in one statement too, set-based on the common
-path; a purchase batch that an orphan reversal waits for goes there too, migration 011).
-Inside ``payauth_authorize``:
-
-    SELECT … FROM accounts WHERE account_id = ANY(…) ORDER BY account_id FOR UPDATE
-        -- lock the accounts (sorted, so two batches lock in the same order), read balances;
-        -- decide each authorization in offset order against them with payauth_decide (the
-        -- one place the rule lives; tests hold it to a Python model, tests/support/oracle.py)
-    WITH claimed AS (INSERT INTO processed_transactions … ON CONFLICT (txn_id) DO NOTHING),
-                 -- with the inputs each decision read, for payauth replay --shadow
-         ledger  AS (INSERT INTO ledger_entries …),
-         moved   AS (UPDATE accounts SET balance = balance + delta …)
+``SELECT … FROM payauth_authorize(arrays, one element per message in offset order)``, each
+array sent as one joined text (``pg_columns``). What happens inside, and which route it
+takes, is written once, at the top of ``sql/payauth_authorize.sql``: lock the accounts,
+choose the route, decide with ``payauth_decide``, claim each ``transaction_id`` under the
+unique index of ``processed_transactions``, write the ledger, the holds and the dedup
+records (with the inputs each decision read, for ``payauth replay --shadow``), move the
+balances.
 
 Once its events are acknowledged, the batch gets a receipt in ``published_batches`` (many
 batches per statement). Before it, one more round trip reads the dedup records of the
@@ -29,7 +21,8 @@ INSERT of a key that another open transaction inserted waits for it, then confli
 ``SELECT … FOR UPDATE`` of a missing row would lock nothing). When fewer rows are claimed
 than sent, another replica decided some of them first: the function raises SQLSTATE PA409,
 the statement is rolled back, and we raise ``ClaimLost``; the caller re-reads the dedup
-records and sees duplicates.
+records and sees duplicates. A statement cancelled by ``statement_timeout`` raises
+``StatementTimedOut``: the caller decides the batch in smaller parts.
 """
 
 from __future__ import annotations
@@ -43,16 +36,23 @@ from typing import Any, NoReturn, Self
 import asyncpg
 
 from service.adapters.pg_columns import joined, split
-from service.adapters.pg_records import lifecycle_result, stored_from_ledger, stored_from_row
+from service.adapters.pg_records import decided_result, stored_from_ledger, stored_from_row
 from service.core import ports
-from service.core.ports import ClaimLost, DataRejected, Sighting, StoreUnavailable, TransientError
+from service.core.ports import (
+    ClaimLost,
+    DataRejected,
+    Sighting,
+    StatementTimedOut,
+    StoreUnavailable,
+    TransientError,
+)
 from service.domain.dedup import StoredResult
 from service.domain.messages import Authorization
-from service.domain.vocabulary import LIFECYCLE_KINDS, DeclineReason, Result
+from service.domain.vocabulary import DeclineReason, Result
 
 # Errors that may pass on retry, by class (never by message text).
 _RETRYABLE = (asyncpg.DeadlockDetectedError, asyncpg.SerializationError,
-              asyncpg.LockNotAvailableError, asyncpg.QueryCanceledError)  # statement_timeout
+              asyncpg.LockNotAvailableError)
 _UNAVAILABLE = (
     OSError,
     TimeoutError,
@@ -79,9 +79,16 @@ UPDATE durability_barrier SET touched_at = now() WHERE slot = pg_backend_pid() %
 """
 
 # Dedup records are purged after the retention window; the ledger and the lifecycle records
-# (migration 010) are not. A key found only in the ledger (from_ledger) was approved long
-# ago, one found only in lifecycle_messages was decided long ago: still a duplicate. One
-# round trip; the second part probes the purged ones' two tables per key in one pass.
+# are not. A key found only in the ledger (from_ledger) was approved long ago, one found only
+# in lifecycle_messages was decided long ago: still a duplicate. One round trip; the second
+# part probes the purged ones' two tables per key in one pass.
+#
+# A record never confirmed published is published again, every event of it the same as the
+# first time: its deltas as the decision answered them (sql/payauth_authorize.sql: a
+# REVERSAL credited a purchase back when it wrote a ledger entry of its own, else released
+# what it applied from a hold; a hold placed counts whole) and the orphan reversals its
+# arrival applied, in the order they were applied. A purchase's or refund's deltas follow
+# from its kind and amount (NULL here: service/domain/events.py).
 _LOAD_STORED = f"""
 SELECT p.txn_id, p.fingerprint, p.result, p.decline_reason, p.account_id,
        p.amount::text AS amount_text, p.currency, p.authorization_type, p.correlation_id,
@@ -90,15 +97,40 @@ SELECT p.txn_id, p.fingerprint, p.result, p.decline_reason, p.account_id,
            OR EXISTS (SELECT 1 FROM published_batches b WHERE b.batch_id = p.batch_id)
            AS published,
        false AS from_ledger, p.original_txn_id, p.amount_applied::text AS applied_text,
-       p.forced, p.orphan
+       p.forced, p.orphan, d.balance_delta, d.held_delta, o.applied_ids, o.applied_amounts,
+       o.applied_correlations
   FROM processed_transactions p
+  LEFT JOIN LATERAL (
+       SELECT (CASE WHEN p.result <> 'APPROVED' THEN 0
+                    WHEN p.authorization_type = 'CLEARING' THEN -p.amount
+                    WHEN p.authorization_type = 'REVERSAL'
+                        THEN coalesce((SELECT l.amount FROM ledger_entries l
+                                        WHERE l.txn_id = p.txn_id), 0)
+                    ELSE 0 END)::text AS balance_delta,
+              (CASE WHEN p.result <> 'APPROVED' THEN 0
+                    WHEN p.authorization_type IN ('AUTHORIZATION', 'ADVICE') THEN p.amount
+                    WHEN p.authorization_type = 'CLEARING' THEN -coalesce(p.amount_applied, 0)
+                    WHEN p.authorization_type = 'REVERSAL'
+                         AND NOT EXISTS (SELECT 1 FROM ledger_entries l
+                                          WHERE l.txn_id = p.txn_id)
+                        THEN -coalesce(p.amount_applied, 0)
+                    ELSE 0 END)::text AS held_delta
+        WHERE p.authorization_type NOT IN ('PURCHASE', 'REFUND')) d ON true
+  LEFT JOIN LATERAL (
+       SELECT array_agg(r.txn_id ORDER BY r.arrived_at, r.txn_id) AS applied_ids,
+              array_agg(r.applied::text ORDER BY r.arrived_at, r.txn_id) AS applied_amounts,
+              array_agg(m.correlation_id ORDER BY r.arrived_at, r.txn_id)
+                  AS applied_correlations
+         FROM orphan_reversals r LEFT JOIN lifecycle_messages m ON m.txn_id = r.txn_id
+        WHERE r.original_txn_id = p.txn_id AND r.state = 'APPLIED') o ON true
  WHERE p.txn_id = ANY({split("$1")})
 UNION ALL
 SELECT k.id, m.fingerprint, coalesce(m.result, 'APPROVED'), m.decline_reason,
        coalesce(m.account_id, l.account_id), coalesce(m.amount, abs(l.amount))::text,
        coalesce(m.currency, l.currency), coalesce(m.kind, l.type), m.correlation_id,
        coalesce(m.processed_at, l.created_at), NULL, NULL, true, m.txn_id IS NULL,
-       m.original_txn_id, m.amount_applied::text, m.forced, m.orphan
+       m.original_txn_id, m.amount_applied::text, m.forced, m.orphan, NULL, NULL, NULL, NULL,
+       NULL
   FROM unnest({split("$1")}) AS k(id)
   LEFT JOIN lifecycle_messages m ON m.txn_id = k.id
   LEFT JOIN ledger_entries l ON l.txn_id = k.id AND l.type IN ('PURCHASE', 'REFUND')
@@ -107,20 +139,12 @@ SELECT k.id, m.fingerprint, coalesce(m.result, 'APPROVED'), m.decline_reason,
 """
 
 # Locks, decides and writes the batch, and commits on its own: one round trip
-# (migrations 004 and 007); the columns go as joined texts (``pg_columns``). Raises SQLSTATE
-# PA409 when a claim was lost. Public: the benchmark measures this very statement with pgbench.
+# (sql/payauth_authorize.sql); the columns go as joined texts (``pg_columns``). Raises
+# SQLSTATE PA409 when a claim was lost. Public: the benchmark measures this very statement
+# with pgbench.
 AUTHORIZE_STATEMENT = f"""
-SELECT result, decline_reason
+SELECT *
   FROM payauth_authorize({split("$1")}, {split("$2")}, {split("$3", "::numeric[]")},
-                         {split("$4")}, {split("$5")}, {split("$6")}, {split("$7")},
-                         {split("$8")}, {split("$9", "::integer[]")},
-                         {split("$10", "::bigint[]")}, $11, $12, $13)
-"""
-# A batch holding any lifecycle kind: payauth_lifecycle (migrations 010-012) decides all of
-# it in offset order, with each one's original_transaction_id.
-LIFECYCLE_STATEMENT = f"""
-SELECT result, decline_reason, amount_applied, forced, orphan, mismatch
-  FROM payauth_lifecycle({split("$1")}, {split("$2")}, {split("$3", "::numeric[]")},
                          {split("$4")}, {split("$5")}, {split("$6")}, {split("$7")},
                          {split("$8")}, {split("$9", "::integer[]")},
                          {split("$10", "::bigint[]")}, $11, $12, $13, {split("$14")})
@@ -172,6 +196,8 @@ def translate(exc: BaseException) -> BaseException:
     anything else (a bug) is returned unchanged."""
     if getattr(exc, "sqlstate", None) == _CLAIM_LOST_SQLSTATE:
         return ClaimLost(str(exc))
+    if isinstance(exc, asyncpg.QueryCanceledError):  # statement_timeout
+        return StatementTimedOut(f"{type(exc).__name__}: {str(exc)[:200]}")
     if isinstance(exc, asyncpg.UniqueViolationError):
         # Both claims use ON CONFLICT, so this is another replica's concurrent insert.
         return ClaimLost(f"unique violation on {exc.constraint_name}: another replica won")
@@ -312,18 +338,24 @@ class PostgresStore:
             source_topic,
             batch_id,
         )
-        lifecycle = any(a.authorization_type in LIFECYCLE_KINDS for a in new)
-        statement = AUTHORIZE_STATEMENT
-        if lifecycle:
-            statement = LIFECYCLE_STATEMENT
-            args = (*args, joined([a.original_transaction_id for a in new]))
         try:
-            rows = await self._call_authorize(statement, args)
+            rows = await self._call_authorize(
+                AUTHORIZE_STATEMENT,
+                (*args, joined([a.original_transaction_id for a in new])))
         except Exception as exc:
             _raise_translated(exc)
-        if lifecycle:
-            return [lifecycle_result(a, row, processed_at, batch_id, partition)
-                    for a, row, partition in zip(new, rows, source_partitions, strict=True)]
+        if rows and rows[0]["balance_delta"] is None and all(
+                row["mismatch"] is None and row["balance_delta"] is None for row in rows):
+            return self._purchases(new, rows, processed_at, batch_id, source_partitions)
+        return [decided_result(a, row, processed_at, batch_id, partition)
+                for a, row, partition in zip(new, rows, source_partitions, strict=True)]
+
+    @staticmethod
+    def _purchases(new: Sequence[Authorization], rows: Sequence[asyncpg.Record],
+                   processed_at: datetime, batch_id: uuid.UUID,
+                   source_partitions: Sequence[int]) -> list[StoredResult]:
+        """The purchases route's answer (a result and a reason a message; the deltas follow
+        from each one's kind and amount): the fewest steps per message."""
         decisions = [
             (_RESULTS[r["result"]],
              DeclineReason(r["decline_reason"]) if r["decline_reason"] else None)
@@ -371,10 +403,9 @@ class PostgresStore:
 
     async def _call_authorize(self, statement: str, args: tuple[Any, ...]
                               ) -> list[asyncpg.Record]:
-        """The one round trip (``AUTHORIZE_STATEMENT``, or ``LIFECYCLE_STATEMENT`` with the
-        originals as one argument more); the call commits on its own. (A seam for the
-        test-only stores that roll a call back after its writes, as a failing COMMIT would,
-        or lose its reply after the COMMIT, as a broken connection would.)"""
+        """The one round trip (``AUTHORIZE_STATEMENT``); the call commits on its own. (A seam
+        for the test-only stores that roll a call back after its writes, as a failing COMMIT
+        would, or lose its reply after the COMMIT, as a broken connection would.)"""
         async with self._pool.acquire() as conn:
             return await conn.fetch(statement, *args)
 
@@ -421,8 +452,7 @@ async def _prepare_statements(conn: asyncpg.Connection) -> None:
     empty: list[Any] = []
     try:
         await conn.fetch(_LOAD_STORED, "")
-        await conn.fetch(AUTHORIZE_STATEMENT, *([""] * 10), datetime.now(UTC), "", uuid.uuid4())
-        await conn.fetch(LIFECYCLE_STATEMENT, *([""] * 10), datetime.now(UTC), "", uuid.uuid4(),
+        await conn.fetch(AUTHORIZE_STATEMENT, *([""] * 10), datetime.now(UTC), "", uuid.uuid4(),
                          "")
         await conn.execute(_MARK_PUBLISHED, empty, empty, datetime.now(UTC))
     except (asyncpg.UndefinedTableError, asyncpg.UndefinedFunctionError):

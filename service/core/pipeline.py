@@ -40,13 +40,13 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from uuid import UUID
 
 import structlog
 
 from service import metrics
+from service.core.confirmations import Confirmations
 from service.core.dead_letter import dead_letter_payload
 from service.core.plan import (
     BatchPlan,
@@ -72,7 +72,7 @@ from service.core.ports import (
     Publisher,
     PublishFailed,
     Record,
-    Sighting,
+    StatementTimedOut,
     Store,
     StoreUnavailable,
     TransientError,
@@ -80,7 +80,7 @@ from service.core.ports import (
 from service.core.reporting import StageClock, account
 from service.domain.dedup import StoredResult
 from service.domain.errors import DeadLetterReason
-from service.domain.events import encode_event, result_event
+from service.domain.events import encode_event, events_of
 from service.domain.messages import Authorization
 
 log = structlog.get_logger(__name__)
@@ -143,6 +143,10 @@ class BatchProcessor:
 
         - a transient failure (PostgreSQL down, a lost claim, Kafka not acknowledging) is
           retried with backoff; the partitions wait and nothing is committed;
+        - a batch whose statement ran past its timeout is split in halves, decided one after
+          the other (a partition's messages keep their order), each split again if it too
+          times out: the batch is not retried whole, which could time out for ever while
+          its partitions wait (a lone message that times out is retried with backoff);
         - any other failure is isolated: the batch is split in halves, each processed on
           its own, down to the one message that fails; that message is tried again
           ``poison_attempts`` times and, if it still fails while PostgreSQL answers, it is
@@ -161,6 +165,12 @@ class BatchProcessor:
                 try:
                     plan = await self._run_once(msgs)
                     break
+                except StatementTimedOut as exc:
+                    if len(msgs) > 1:
+                        await self._split(msgs, exc, "statement_timeout")
+                        return
+                    attempt += 1
+                    await self._back_off(msgs, attempt, _cause(exc), exc)
                 except TransientError as exc:
                     attempt += 1
                     if isinstance(exc, StoreUnavailable):
@@ -170,7 +180,7 @@ class BatchProcessor:
                     await self._back_off(msgs, attempt, _cause(exc), exc)
                 except Exception as exc:  # not transient: a bug, or an input nobody foresaw
                     if len(msgs) > 1:
-                        await self._isolate(msgs, exc)
+                        await self._split(msgs, exc, "isolate")
                         return
                     failures += 1
                     if failures < self._poison_attempts or not await self._store.ping():
@@ -184,13 +194,14 @@ class BatchProcessor:
         self.store_ok = True
         account(plan)
 
-    async def _isolate(self, msgs: Sequence[Message], exc: Exception) -> None:
-        """Split a batch that failed for no transient reason; each half goes on alone, in
-        order (a partition's messages keep their order: the halves run one after the other)."""
-        metrics.retries_total.labels("isolate").inc()
-        log.error("batch_failed_isolating", messages=len(msgs), error=failure_detail(exc),
-                  partitions=sorted({m.partition() or 0 for m in msgs}),
-                  first_offset=msgs[0].offset())
+    async def _split(self, msgs: Sequence[Message], exc: Exception, cause: str) -> None:
+        """A batch that failed for no transient reason (``isolate``) or whose statement timed
+        out: each half goes on alone, the first, then the second (a partition's messages keep
+        their order)."""
+        metrics.retries_total.labels(cause).inc()
+        log.warning("batch_split", cause=cause, messages=len(msgs), error=failure_detail(exc),
+                    partitions=sorted({m.partition() or 0 for m in msgs}),
+                    first_offset=msgs[0].offset())
         half = len(msgs) // 2
         await self._process(msgs[:half])
         await self._process(msgs[half:])
@@ -300,8 +311,8 @@ class BatchProcessor:
 
     async def _publish(self, plan: BatchPlan) -> None:
         events = plan.events
-        records = [Record(self._topics.output, record.account_id,
-                          encode_event(result_event(record))) for record, _repeat in events]
+        records = [Record(self._topics.output, record.account_id, encode_event(event))
+                   for record, _repeat in events for event in events_of(record)]
         for letter in plan.dead_letters():
             msg = letter.msg
             key, value, headers = dead_letter_payload(
@@ -326,64 +337,6 @@ class BatchProcessor:
             self._offsets.done(tp, next_offset, count)
 
 
-class Confirmations:
-    """Records publication in the store (a receipt per batch that decided transactions, or
-    published_at for a republished record), then remembers the transactions in the fast path,
-    many batches at a time (one statement and one cache round trip per flush)."""
-
-    def __init__(self, store: Store, cache: Cache) -> None:
-        self._store = store
-        self._cache = cache
-        self._receipts: set[UUID] = set()
-        self._republished: list[str] = []
-        self._fingerprints: dict[str, str] = {}
-        self._sightings: list[Sighting] = []
-        self._wakeup = asyncio.Event()
-
-    def add(self, published: Iterable[tuple[StoredResult, bool]],
-            fingerprints: dict[str, str], sightings: Sequence[Sighting] = ()) -> None:
-        """``published``: each event acknowledged, with whether it was a republication;
-        ``fingerprints``: the fast-path values; ``sightings``: the batch's duplicates."""
-        for record, repeat in published:
-            if record.batch_id is not None and not repeat:
-                self._receipts.add(record.batch_id)
-            else:
-                self._republished.append(record.transaction_id)
-        self._fingerprints.update(fingerprints)
-        self._sightings.extend(sightings)
-        if self._receipts or self._republished or self._fingerprints or self._sightings:
-            self._wakeup.set()
-
-    async def flush(self) -> None:
-        receipts, self._receipts = self._receipts, set()
-        republished, self._republished = self._republished, []
-        fingerprints, self._fingerprints = self._fingerprints, {}
-        sightings, self._sightings = self._sightings, []
-        if receipts or republished:
-            try:
-                await self._store.mark_published(sorted(receipts), republished)
-            except (TransientError, DataRejected) as exc:
-                # Harmless: a later duplicate republishes the same event_id once more.
-                log.warning("mark_published_failed", error=str(exc)[:300])
-        if sightings:
-            try:
-                await self._store.record_sightings(sightings)
-            except (TransientError, DataRejected) as exc:
-                # Only `payauth explain`'s per-transaction counts miss them; metrics have them.
-                log.warning("record_sightings_failed", error=str(exc)[:300])
-        if fingerprints:
-            await self._cache.set_many(fingerprints)
-            metrics.redis_up.set(1 if self._cache.up else 0)
-
-    async def run(self, interval: float = 0.05) -> None:
-        """Flush whenever there is something, at most every ``interval`` seconds."""
-        while True:
-            await self._wakeup.wait()
-            self._wakeup.clear()
-            await self.flush()
-            await asyncio.sleep(interval)
-
-
 def _coordinates(msg: Message) -> tuple[str | None, int | None, int | None]:
     return msg.topic(), msg.partition(), msg.offset()
 
@@ -391,6 +344,8 @@ def _coordinates(msg: Message) -> tuple[str | None, int | None, int | None]:
 def _cause(exc: TransientError) -> str:
     if isinstance(exc, StoreUnavailable):
         return "store_unavailable"
+    if isinstance(exc, StatementTimedOut):
+        return "statement_timeout"
     if isinstance(exc, ClaimLost):
         return "claim_lost"
     if isinstance(exc, PublishFailed):

@@ -77,6 +77,11 @@ class ClaimLost(TransientError):
     """Another replica claimed a transaction of this batch first; retry the batch."""
 
 
+class StatementTimedOut(TransientError):
+    """The batch's statement ran past its timeout and was rolled back. Retried whole it may
+    time out again for ever: the batch is decided in smaller parts instead."""
+
+
 class DataRejected(Exception):
     """The store refused the data itself (a constraint the validation did not foresee).
 

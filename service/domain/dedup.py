@@ -2,7 +2,7 @@
 records already stored and each other. Pure functions over values.
 
 Whether a new one is approved or declined is decided in one place only, the SQL function
-``payauth_decide`` (``migrations/007_decision_inputs.sql``), which ``payauth_authorize`` calls.
+``payauth_decide`` (``sql/payauth_decide.sql``), which ``payauth_authorize`` calls.
 """
 
 from __future__ import annotations
@@ -16,6 +16,15 @@ from uuid import UUID
 
 from service.domain.messages import Authorization
 from service.domain.vocabulary import DeclineReason, DuplicateCause, Result
+
+
+@dataclass(frozen=True, slots=True)
+class AppliedReversal:
+    """An orphan reversal applied when its original arrived (``ReversalApplied``)."""
+
+    transaction_id: str  # the reversal's
+    amount_applied_text: str  # what it released (of a hold) or credited (of a purchase)
+    correlation_id: str | None  # the reversal's
 
 
 @dataclass(slots=True)  # not frozen: built once per decision, and frozen init costs 3x
@@ -48,6 +57,12 @@ class StoredResult:
     # Not a decision: why the store refused a REVERSAL/CLEARING for its original
     # (LIFECYCLE_MISMATCH); nothing was stored.
     mismatch: str | None = None
+    # What the decision itself changed, in the account's currency: the ledger balance and
+    # what holds keep (a hold placed counts whole; the orphans its arrival applied count in
+    # ``reversals_applied``). None: a purchase or refund's, read from its kind and amount.
+    balance_delta_text: str | None = None
+    held_delta_text: str | None = None
+    reversals_applied: tuple[AppliedReversal, ...] = ()
 
 
 class Kind(StrEnum):

@@ -1,5 +1,12 @@
-"""The result event, built only from the stored dedup record, so that every (re)publication of
-one transaction is byte-for-byte the same event with the same ``event_id``."""
+"""The result events, built only from the stored dedup record, so that every (re)publication of
+one transaction is byte-for-byte the same events with the same ``event_id``s.
+
+Every event says what it changed (CONTRACT.md, "Every change in an event"): ``balance_delta``
+(the ledger balance) and ``held_delta`` (what holds keep), signed, in the account's currency
+and its minor unit, "0.00" for a decline or a kind that changes nothing. A consumer that
+counts each ``event_id`` once rebuilds every balance and held amount from them alone: a
+decision's own event carries its own effect, each orphan reversal its arrival applied has a
+``ReversalApplied`` of its own, and an expiry's ``HoldExpired`` the hold it released."""
 
 from __future__ import annotations
 
@@ -9,18 +16,50 @@ from datetime import UTC, datetime
 
 import orjson
 
-from service.domain.dedup import StoredResult
+from service.domain.dedup import AppliedReversal, StoredResult
 from service.domain.messages import event_id_for
+from service.domain.money import quantum
 from service.domain.vocabulary import AuthorizationType, Result
 
 # HoldExpired's event_id: stable per hold, apart from the hold's own PaymentAuthorized.
 _EXPIRY_NAMESPACE = uuid.UUID("0d7e3f52-64b4-4c1b-8a2e-51f6a1c0e7d3")
+# ReversalApplied's: stable per reversal (a reversal is applied at most once), apart from
+# the reversal's own PaymentReversed.
+_APPLIED_NAMESPACE = uuid.UUID("b3f0c2a4-5e61-4d8f-9c27-8a1d6e4f0b95")
 
 
 @functools.lru_cache(maxsize=64)  # the events of one batch share their decision time
 def event_time(moment: datetime) -> str:
     """An event's ``processed_at``: UTC, to the millisecond, with a ``Z``."""
     return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@functools.cache  # a few dozen currencies
+def zero(currency: str) -> str:
+    """"0.00", "0": no change, in the currency's minor unit."""
+    return str(quantum(currency) * 0)
+
+
+def deltas(stored: StoredResult) -> tuple[str, str]:
+    """(balance_delta, held_delta) of the decision itself: as the store answered for the
+    lifecycle kinds; a purchase's or refund's from its kind and amount."""
+    if stored.balance_delta_text is not None and stored.held_delta_text is not None:
+        return stored.balance_delta_text, stored.held_delta_text
+    nothing = zero(stored.currency)
+    if stored.result is not Result.APPROVED:
+        return nothing, nothing
+    if stored.authorization_type == AuthorizationType.PURCHASE:
+        return "-" + stored.amount_text, nothing
+    return stored.amount_text, nothing  # a REFUND
+
+
+def events_of(stored: StoredResult) -> list[dict[str, object]]:
+    """Every event of one decision: its own, then a ``ReversalApplied`` for each orphan
+    reversal its arrival applied, in the order they were applied."""
+    own = result_event(stored)
+    if not stored.reversals_applied:
+        return [own]
+    return [own, *(reversal_applied_event(stored, r) for r in stored.reversals_applied)]
 
 
 def result_event(stored: StoredResult) -> dict[str, object]:
@@ -30,6 +69,7 @@ def result_event(stored: StoredResult) -> dict[str, object]:
     if kind == AuthorizationType.CLEARING and stored.result is Result.APPROVED:
         return _cleared_event(stored)
     approved = stored.result is Result.APPROVED
+    balance_delta, held_delta = deltas(stored)
     return {
         "event_type": "PaymentAuthorized" if approved else "PaymentDeclined",
         "event_id": event_id_for(stored.transaction_id),
@@ -40,6 +80,8 @@ def result_event(stored: StoredResult) -> dict[str, object]:
         "authorization_type": stored.authorization_type,
         "result": stored.result,
         "decline_reason": None if approved else str(stored.decline_reason),
+        "balance_delta": balance_delta,
+        "held_delta": held_delta,
         "correlation_id": stored.correlation_id,
         "processed_at": event_time(stored.processed_at),
     }
@@ -47,7 +89,9 @@ def result_event(stored: StoredResult) -> dict[str, object]:
 
 def _reversed_event(stored: StoredResult) -> dict[str, object]:
     """A REVERSAL, never declined: what it released (or credited back) is amount_applied;
-    ``waiting_for_original``: kept until its original arrives (nothing applied yet)."""
+    ``waiting_for_original``: kept until its original arrives (nothing applied yet; what it
+    applies then comes as a ``ReversalApplied``)."""
+    balance_delta, held_delta = deltas(stored)
     return {
         "event_type": "PaymentReversed",
         "event_id": event_id_for(stored.transaction_id),
@@ -60,6 +104,8 @@ def _reversed_event(stored: StoredResult) -> dict[str, object]:
         "authorization_type": stored.authorization_type,
         "result": stored.result,
         "waiting_for_original": bool(stored.orphan),
+        "balance_delta": balance_delta,
+        "held_delta": held_delta,
         "correlation_id": stored.correlation_id,
         "processed_at": event_time(stored.processed_at),
     }
@@ -68,6 +114,7 @@ def _reversed_event(stored: StoredResult) -> dict[str, object]:
 def _cleared_event(stored: StoredResult) -> dict[str, object]:
     """A CLEARING posted: ``forced`` when there was no hold to end (no original named, or
     none known as a hold); the contract has original_transaction_id null then."""
+    balance_delta, held_delta = deltas(stored)
     return {
         "event_type": "PaymentCleared",
         "event_id": event_id_for(stored.transaction_id),
@@ -80,8 +127,37 @@ def _cleared_event(stored: StoredResult) -> dict[str, object]:
         "currency": stored.currency,
         "authorization_type": stored.authorization_type,
         "result": stored.result,
+        "balance_delta": balance_delta,
+        "held_delta": held_delta,
         "correlation_id": stored.correlation_id,
         "processed_at": event_time(stored.processed_at),
+    }
+
+
+def reversal_applied_event(original: StoredResult,
+                           applied: AppliedReversal) -> dict[str, object]:
+    """An orphan reversal applied when its ``original`` arrived, published with the
+    original's own event (built from the original's record and the reversal's, so that a
+    republication is the same event): released from the hold the original placed, or
+    credited back to the purchase."""
+    amount = applied.amount_applied_text
+    nothing = zero(original.currency)
+    credit = original.authorization_type == AuthorizationType.PURCHASE
+    released = nothing if amount == nothing else "-" + amount
+    return {
+        "event_type": "ReversalApplied",
+        "event_id": str(uuid.uuid5(_APPLIED_NAMESPACE, applied.transaction_id)),
+        "transaction_id": applied.transaction_id,
+        "original_transaction_id": original.transaction_id,
+        "account_id": original.account_id,
+        "amount_applied": amount,
+        "currency": original.currency,
+        "authorization_type": AuthorizationType.REVERSAL,
+        "result": Result.APPROVED,
+        "balance_delta": amount if credit else nothing,
+        "held_delta": nothing if credit else released,
+        "correlation_id": applied.correlation_id,
+        "processed_at": event_time(original.processed_at),
     }
 
 
@@ -90,6 +166,7 @@ def hold_expired_event(transaction_id: str, account_id: str, currency: str,
                        ended_at: datetime) -> dict[str, object]:
     """A hold ended by ``payauth holds expire``: built from the hold's row only, so that a
     republication (the run after a failed publish) is the same event."""
+    nothing = zero(currency)
     return {
         "event_type": "HoldExpired",
         "event_id": str(uuid.uuid5(_EXPIRY_NAMESPACE, transaction_id)),
@@ -98,6 +175,8 @@ def hold_expired_event(transaction_id: str, account_id: str, currency: str,
         "amount_released": amount_released,
         "currency": currency,
         "result": Result.APPROVED,
+        "balance_delta": nothing,
+        "held_delta": nothing if amount_released == nothing else "-" + amount_released,
         "correlation_id": correlation_id,
         "processed_at": event_time(ended_at),
     }

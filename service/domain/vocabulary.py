@@ -1,10 +1,10 @@
 """The words payauth and its database share, defined once.
 
 The decision itself lives in one place, the SQL function ``payauth_decide``
-(``migrations/007_decision_inputs.sql``); the schema's CHECKs bound what may be stored.
-Both spell these values as SQL literals: ``tests/unit/test_vocabulary.py`` reads the
-migrations and holds every literal and CHECK to this module, so a value added or renamed
-on one side only fails a test.
+(``sql/payauth_decide.sql``); the schema's CHECKs bound what may be stored. Both spell
+these values as SQL literals: ``tests/unit/test_vocabulary.py`` reads the migrations and
+the definitions and holds every literal and CHECK to this module, so a value added or
+renamed on one side only fails a test.
 
 Each value is a ``StrEnum`` member, which is the string itself: code that runs per message
 passes the member where a string is wanted (``.value`` is a property lookup, not free).
@@ -19,8 +19,8 @@ from enum import StrEnum
 class AuthorizationType(StrEnum):
     PURCHASE = "PURCHASE"  # debits the account
     REFUND = "REFUND"  # credits the account
-    # The lifecycle (migrations/010_authorization_lifecycle.sql): a hold, a stand-in hold,
-    # a release of a hold (or a credit back of a purchase), a posting that ends a hold.
+    # The lifecycle (docs/lifecycle.md): a hold, a stand-in hold, a release of a hold (or a
+    # credit back of a purchase), a posting that ends a hold.
     AUTHORIZATION = "AUTHORIZATION"
     ADVICE = "ADVICE"
     REVERSAL = "REVERSAL"
@@ -30,7 +30,7 @@ class AuthorizationType(StrEnum):
 # Kinds that name an original (``original_transaction_id``): required, optional.
 NAMES_ORIGINAL = frozenset({AuthorizationType.REVERSAL, AuthorizationType.CLEARING})
 ORIGINAL_REQUIRED = frozenset({AuthorizationType.REVERSAL})
-# Kinds decided by payauth_lifecycle (any batch holding one goes there whole).
+# The kinds kept in lifecycle_messages (never purged), beside their dedup records.
 LIFECYCLE_KINDS = frozenset({AuthorizationType.AUTHORIZATION, AuthorizationType.ADVICE,
                              AuthorizationType.REVERSAL, AuthorizationType.CLEARING})
 # What the ledger's type may be: holds never write it.

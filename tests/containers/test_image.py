@@ -1,7 +1,7 @@
 """The image itself and the operator commands run from it: its user, what it ships (the
-runtime, the migrations; not the dev tools, the tests or pip), every module importable with
-the dependencies it carries, and migrate, verify, topics, replay and explain against the
-local stack."""
+runtime, the migrations and the definitions of sql/; not the dev tools, the tests or pip),
+every module importable with the dependencies it carries, and migrate, verify, topics,
+replay and explain against the local stack."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from tests.support.factory import auth_message, encode
 from tests.support.workers import wait_caught_up, wait_until
 
 MIGRATIONS = sorted(p.name for p in (stack.ROOT / "migrations").glob("*.sql"))
+DEFINITIONS = sorted(p.name for p in (stack.ROOT / "sql").iterdir())
 
 # Run inside the image as its entrypoint would be: import every module of the service
 # (a dependency dropped from the lock fails here, not in production at the first message
@@ -54,6 +55,7 @@ print(json.dumps({
     "devtools": os.path.exists("/app/service/devtools"),
     "tests": os.path.exists("/app/tests"),
     "migrations": sorted(os.listdir("/app/migrations")),
+    "definitions": sorted(os.listdir("/app/sql")),
     "pip": importable("pip"), "setuptools": importable("setuptools"),
     "app_writable": os.access("/app", os.W_OK),
 }))
@@ -68,6 +70,7 @@ def test_the_image_runs_as_its_own_user_and_ships_the_runtime_only(engine: Engin
     assert seen["failed"] == {}, "modules that do not import in the image"
     assert seen["python"] == [3, 11]
     assert seen["migrations"] == MIGRATIONS
+    assert seen["definitions"] == DEFINITIONS
     assert not seen["devtools"] and not seen["tests"]
     assert not seen["pip"] and not seen["setuptools"]
     assert not seen["app_writable"], "the code is writable by the process that runs it"
@@ -116,6 +119,8 @@ def test_two_containers_migrate_one_database_at_once(engine: Engine) -> None:
         assert [p.returncode for p in both] == [0, 0], outputs
         rows = stack.fetch(world.dsn, "SELECT version FROM schema_migrations ORDER BY version")
         assert [r["version"] for r in rows] == MIGRATIONS, "each migration applied once"
+        rows = stack.fetch(world.dsn, "SELECT file FROM schema_definitions ORDER BY file")
+        assert [r["file"] for r in rows] == sorted(d for d in DEFINITIONS if d.endswith(".sql"))
         verified = run_once(engine, settings, "verify")
         assert verified.returncode == 0, verified.stdout + verified.stderr
     finally:

@@ -65,9 +65,20 @@ def test_an_orphan_reversal_is_applied_when_its_original_arrives(env, spawn_work
     orphans = stack.fetch(env.dsn, "SELECT txn_id, state, applied FROM orphan_reversals")
     assert {r["txn_id"]: (r["state"], r["applied"]) for r in orphans} == {
         t["rfull"]: ("APPLIED", Decimal("100.00")), t["rpart"]: ("APPLIED", Decimal("30.00"))}
-    events = lc.events(env, expect=4)
+    events = lc.events(env, expect=6)
     assert events[t["rfull"]]["waiting_for_original"] is True
     assert events[t["rfull"]]["amount_applied"] == "0.00"  # nothing yet when it came
+    assert (events[t["rfull"]]["balance_delta"], events[t["rfull"]]["held_delta"]) == \
+        ("0.00", "0.00")
+    # Each applied when its original came, in an event of its own; the original's event
+    # carries only the hold it placed.
+    assert events[t["full"]]["held_delta"] == "100.00"
+    for reversal, original, amount in ((t["rfull"], t["full"], "100.00"),
+                                       (t["rpart"], t["part"], "30.00")):
+        event = events[lc.applied(reversal)]
+        assert (event["original_transaction_id"], event["amount_applied"],
+                event["held_delta"], event["balance_delta"]) == (original, amount,
+                                                                 f"-{amount}", "0.00")
 
 
 def test_clearings_over_under_forced_after_a_reversal(env, spawn_worker) -> None:

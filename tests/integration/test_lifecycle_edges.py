@@ -34,8 +34,11 @@ def test_an_orphan_reversal_of_a_purchase_is_credited_when_it_arrives(env,
     orphans = stack.fetch(env.dsn, "SELECT txn_id, state, applied FROM orphan_reversals")
     assert {r["txn_id"]: (r["state"], r["applied"]) for r in orphans} == {
         t["orph1"]: ("APPLIED", Decimal("30.00")), t["orph2"]: ("APPLIED", Decimal("10.00"))}
-    events = lc.events(env, expect=4)
+    events = lc.events(env, expect=6)
     assert events[t["buy"]]["event_type"] == "PaymentAuthorized"
+    assert events[t["buy"]]["balance_delta"] == "-40.00"  # its own effect only
+    assert [(events[lc.applied(r)]["amount_applied"], events[lc.applied(r)]["balance_delta"])
+            for r in (t["orph1"], t["orph2"])] == [("30.00", "30.00"), ("10.00", "10.00")]
     assert events[t["later"]]["amount_applied"] == "0.00"
     lc.verified(env)
     shown = payauth(env, "explain", t["orph1"])

@@ -56,11 +56,20 @@ def hold(env: stack.Env, txn: str) -> dict[str, Any]:
 
 
 def events(env: stack.Env, expect: int) -> dict[str, dict[str, Any]]:
+    """The output topic's events by transaction_id; a ReversalApplied (an orphan reversal
+    applied when its original came) under ``applied(its transaction_id)``."""
     events = stack.events_of(stack.read_topic(env.output_topic, expect=expect))
     by_txn: dict[str, dict[str, Any]] = {}
     for e in events:
-        assert by_txn.setdefault(e["transaction_id"], e) == e  # a repeat is the same event
+        key = applied(e["transaction_id"]) if e["event_type"] == "ReversalApplied" \
+            else e["transaction_id"]
+        assert by_txn.setdefault(key, e) == e  # a repeat is the same event
     return by_txn
+
+
+def applied(reversal: str) -> str:
+    """The key of an orphan reversal's ReversalApplied in ``events``."""
+    return f"{reversal}/applied"
 
 
 def ledger(env: stack.Env, account: str) -> list[tuple[str, str, Decimal]]:

@@ -1,7 +1,7 @@
 """A Python model of the decision rules, for tests only: production decides in one place, the
-SQL function ``payauth_decide`` (migrations/007), called by ``payauth_authorize``.
-``tests/integration/test_authorize_function.py`` holds the function to this model, rule by
-rule and on random batches; a disagreement means one of the two is wrong, and the test says
+SQL function ``payauth_decide`` (``sql/payauth_decide.sql``), called by ``payauth_authorize``.
+``tests/integration/sql/test_payauth_decide.py`` and ``test_payauth_authorize.py`` beside it
+hold the function to this model, rule by rule and on random batches; a disagreement means one of the two is wrong, and the test says
 which batch shows it.
 """
 

@@ -107,6 +107,8 @@ def test_authorized_event_has_the_contract_shape() -> None:
         "authorization_type": "PURCHASE",
         "result": "APPROVED",
         "decline_reason": None,
+        "balance_delta": "-125.50",
+        "held_delta": "0.00",
         "correlation_id": "txn-VISA-2026-8847291",
         "processed_at": "2026-04-07T14:32:15.120Z",
     }
@@ -116,6 +118,7 @@ def test_declined_event_and_stable_event_id() -> None:
     event = result_event(_stored(Result.DECLINED, DeclineReason.INSUFFICIENT_FUNDS))
     assert event["event_type"] == "PaymentDeclined"
     assert event["decline_reason"] == "INSUFFICIENT_FUNDS"
+    assert (event["balance_delta"], event["held_delta"]) == ("0.00", "0.00")
     assert event_id_for("X") == event_id_for("X") != event_id_for("Y")
 
 

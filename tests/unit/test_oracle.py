@@ -1,5 +1,5 @@
 """The decision rules' Python model (``tests/support/oracle.py``), the oracle the SQL
-function payauth_decide is held to in tests/integration/test_authorize_function.py: the
+function payauth_decide is held to in tests/integration/sql/test_payauth_decide.py: the
 model itself must say what the contract says."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A column sent as one joined text is refused, not sent, when the server could not split it
-back into the same values (the server's side: tests/integration/test_authorize_function.py)."""
+back into the same values (the server's side: tests/integration/sql/test_payauth_authorize.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The database speaks the same words as the code: the migrations' CHECKs and the decision
-function's literals, read from the SQL files, against ``service/domain/vocabulary.py``."""
+"""The database speaks the same words as the code: the migrations' CHECKs and the literals of
+the functions in ``sql/``, read from the SQL files, against ``service/domain/vocabulary.py``."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from pathlib import Path
 from service.domain import vocabulary as v
 
 MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
+DEFINITIONS = Path(__file__).resolve().parents[2] / "sql"
 
 
-def sql(name: str) -> str:
-    text = (MIGRATIONS / name).read_text()
+def sql(name: str, directory: Path = MIGRATIONS) -> str:
+    text = (directory / name).read_text()
     return re.sub(r"--[^\n]*", "", text)  # comments may quote anything
 
 
@@ -48,10 +49,9 @@ def test_the_lifecycle_schema_speaks_the_vocabulary() -> None:
     ledger_type_check, *sign_checks = in_lists(lifecycle, "type")
     assert ledger_type_check == set(v.LEDGER_TYPES)
     assert set().union(*sign_checks) == set(v.LEDGER_TYPES)
-    holds_kind, messages_kind, *in_the_functions = in_lists(lifecycle, "kind")
+    holds_kind, messages_kind, *_superseded = in_lists(lifecycle, "kind")
     assert holds_kind == {"AUTHORIZATION", "ADVICE"}
     assert messages_kind == set(v.LIFECYCLE_KINDS)
-    assert set().union(*in_the_functions) <= values(v.AuthorizationType)
     states = in_lists(lifecycle, "state")
     assert states[0] == values(v.HoldState)
     assert states[1] == values(v.OrphanState)
@@ -61,15 +61,13 @@ def test_the_lifecycle_schema_speaks_the_vocabulary() -> None:
 
 
 def test_the_decision_function_speaks_only_the_vocabulary() -> None:
-    # The rule as the latest migration that replaces payauth_decide has it.
-    function = sql(max(p.name for p in MIGRATIONS.glob("*.sql")
-                       if "FUNCTION payauth_decide(" in p.read_text()))
+    function = sql("payauth_decide.sql", DEFINITIONS)
     literals = set(re.findall(r"'([A-Z][A-Z0-9_]*)'", function))
     words = (values(v.Result) | values(v.DeclineReason) | values(v.AccountStatus)
              | values(v.AuthorizationType) | values(v.HoldState) | values(v.OrphanState))
     assert literals - {"PA409"} <= words, literals - words  # PA409: the lost claim's SQLSTATE
-    # Every decline reason can be given, and every result.
-    assert values(v.DeclineReason) | values(v.Result) <= literals
+    # Every decline reason can be given, and an approval.
+    assert values(v.DeclineReason) | {v.Result.APPROVED.value} <= literals
     # The status that allows a decision is the vocabulary's, by name.
     assert f"<> '{v.AccountStatus.ACTIVE}'" in function
 
@@ -83,3 +81,13 @@ def test_duplicate_sightings_speak_the_vocabulary() -> None:
     sightings = sql("006_duplicate_provenance.sql")
     assert in_lists(sightings, "cause") == [values(v.DuplicateCause)]
     assert in_lists(sightings, "layer") == [values(v.DuplicateLayer)]
+
+
+def test_the_definitions_speak_only_the_vocabulary() -> None:
+    """Every upper-case literal of every function and view in ``sql/`` is a word of the
+    vocabulary (or the lost claim's SQLSTATE)."""
+    words = (values(v.Result) | values(v.DeclineReason) | values(v.AccountStatus)
+             | values(v.AuthorizationType) | values(v.HoldState) | values(v.OrphanState))
+    for path in sorted(DEFINITIONS.glob("*.sql")):
+        literals = set(re.findall(r"'([A-Z][A-Z0-9_]*)'", sql(path.name, DEFINITIONS)))
+        assert literals - {"PA409"} <= words, (path.name, literals - words)

@@ -1,5 +1,6 @@
-"""``payauth replay --shadow`` against a planted decision bug: a migration that declines GBP
-refunds as CURRENCY_MISMATCH, deployed under a running worker and fixed by the next one.
+"""``payauth replay --shadow`` against a planted decision bug: a ``sql/payauth_decide.sql`` that
+declines GBP refunds as CURRENCY_MISMATCH, deployed under a running worker and fixed by the
+next deployment.
 The shadow replay must list exactly the refunds the bug declined, write nothing anywhere,
 and report nothing for decisions taken under the rule as it is now."""
 
@@ -7,34 +8,27 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
+import shutil
 import uuid
 from pathlib import Path
 from typing import Any
 
-from service.ops.migrate import MIGRATIONS_DIR
+from service.ops.migrate import DEFINITIONS_DIR
 from tests.support import stack
 from tests.support.factory import auth_message, encode
 from tests.support.workers import payauth, wait_caught_up
 
-_DECIDE = re.compile(r"CREATE OR REPLACE FUNCTION payauth_decide\(.*?\n\$\$;\n", re.S)
+_RIGHT = "        WHEN auth_type = 'REFUND' THEN 'APPROVED'\n"
 _BUG = ("        WHEN auth_type = 'REFUND' AND currency = 'GBP' THEN 'CURRENCY_MISMATCH'\n"
-        "        WHEN auth_type = 'REFUND' THEN 'APPROVED'\n")
+        + _RIGHT)
 
 
-def _rule_migration(directory: Path, name: str, *, planted_bug: bool) -> Path:
-    """A one-file migrations directory replacing payauth_decide: as the latest migration
-    that defines it has it (the fix), or with the bug planted."""
-    latest = max(p for p in MIGRATIONS_DIR.glob("*.sql")
-                 if "FUNCTION payauth_decide(" in p.read_text())
-    match = _DECIDE.search(latest.read_text())
-    assert match, f"payauth_decide not found in {latest.name}"
-    sql = match.group(0)
-    if planted_bug:
-        sql = sql.replace("        WHEN auth_type = 'REFUND' THEN 'APPROVED'\n", _BUG)
-        assert "'GBP'" in sql
-    directory.mkdir()
-    (directory / name).write_text(sql)
+def _definitions_with_the_bug(directory: Path) -> Path:
+    """The packaged definitions, with the bug planted in the rule's file."""
+    shutil.copytree(DEFINITIONS_DIR, directory)
+    rule = directory / "payauth_decide.sql"
+    assert _RIGHT in rule.read_text()
+    rule.write_text(rule.read_text().replace(_RIGHT, _BUG))
     return directory
 
 
@@ -95,8 +89,8 @@ def test_shadow_replay_lists_exactly_what_a_planted_bug_decided(env, spawn_worke
     assert "nothing would change" in screen
 
     # The bug is deployed under the running worker, decides, and is fixed.
-    assert payauth(env, "migrate", "--dir", str(_rule_migration(
-        tmp_path / "bug", "900_refund_rule.sql", planted_bug=True))).returncode == 0
+    assert payauth(env, "migrate", "--sql-dir",
+                   str(_definitions_with_the_bug(tmp_path / "bug"))).returncode == 0
     gbp_refunds = _send(env, [_message(gbp, "REFUND", "GBP") for _ in range(3)])
     unaffected = _send(env, [_message(eur, "REFUND", "EUR"), _message(gbp, "PURCHASE", "GBP"),
                              _message(eur, "PURCHASE", "EUR")])
@@ -104,8 +98,7 @@ def test_shadow_replay_lists_exactly_what_a_planted_bug_decided(env, spawn_worke
     declined = stack.fetch(env.dsn, "SELECT txn_id FROM processed_transactions WHERE "
                                     "decline_reason = 'CURRENCY_MISMATCH'")
     assert sorted(r["txn_id"] for r in declined) == sorted(gbp_refunds), "the bug did not bite"
-    assert payauth(env, "migrate", "--dir", str(_rule_migration(
-        tmp_path / "fix", "901_refund_rule_fixed.sql", planted_bug=False))).returncode == 0
+    assert payauth(env, "migrate").returncode == 0  # the packaged rule: the fix
     after_fix = _send(env, [_message(gbp, "REFUND", "GBP"), _message(eur, "PURCHASE", "EUR")])
     wait_caught_up(env.group_id, env.input_topic, env.partitions)
 

@@ -1,11 +1,14 @@
-"""The server-side payauth_authorize (one round trip per batch), the one place that decides,
-decides exactly as the test oracle (tests/support/oracle.py) says, and writes nothing when a
-claim is lost."""
+"""``payauth_authorize`` (sql/payauth_authorize.sql), the one statement that decides a batch:
+it decides exactly as the test oracle (tests/support/oracle.py) says, writes nothing when a
+claim is lost, and whichever route it chooses for a batch, the route gives the rows the loop
+(``payauth_authorize_each``, which holds every rule) would give."""
 
 from __future__ import annotations
 
 import asyncio
 import random
+import uuid
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -18,7 +21,7 @@ from service.core.ports import ClaimLost
 from service.domain.messages import Authorization, decode_authorization
 from tests.support import stack
 from tests.support.factory import auth_message, encode
-from tests.support.oracle import Account, decide, decide_in_order, decide_in_order_with_inputs
+from tests.support.oracle import Account, decide_in_order, decide_in_order_with_inputs
 
 ACCOUNTS = [  # id, balance, currency, status
     ("FN-A", "100.00", "EUR", "ACTIVE"),
@@ -196,8 +199,8 @@ def test_a_column_comes_back_from_the_server_as_it_was_sent(env: stack.Env,
 
 def test_a_lifecycle_batch_decides_purchases_and_refunds_as_the_reference(env: stack.Env
                                                                           ) -> None:
-    """A batch holding any lifecycle kind goes to payauth_lifecycle whole: its purchases and
-    refunds are decided, recorded and posted exactly as payauth_authorize decides them (the
+    """A batch holding any lifecycle kind takes a lifecycle route whole: its purchases and
+    refunds are decided, recorded and posted exactly as the purchases route decides them (the
     same random batches as above, each with an ADVICE on an account of its own)."""
     async def scenario() -> None:
         await _seed(env.dsn)
@@ -240,33 +243,175 @@ def test_a_lifecycle_batch_decides_purchases_and_refunds_as_the_reference(env: s
                                           else -r["sent"]) for r in ledger)
 
 
-def test_the_rule_decides_every_kind_as_the_reference(env: stack.Env) -> None:
-    """payauth_decide on every kind, account state and currency (the lifecycle kinds: an
-    ADVICE or CLEARING past the available balance and whatever the status, a REVERSAL
-    always), against the oracle."""
-    accounts = {a: Account(a, Decimal(b), c, s) for a, b, c, s in ACCOUNTS}
-    cases = [(kind, account, currency, amount)
-             for kind in ("PURCHASE", "REFUND", "AUTHORIZATION", "ADVICE", "REVERSAL",
-                          "CLEARING")
-             for account in [*accounts, "FN-UNKNOWN"]
-             for currency in ("EUR", "JPY")
-             for amount in ("1", "5000")]
-    rows = stack.fetch(env.dsn, """
-        SELECT payauth_decide(a.balance, a.status, a.currency, t.currency, t.kind, t.amount)
-          FROM unnest($1::text[], $2::text[], $3::text[], $4::numeric[], $5::numeric[],
-                      $6::text[], $7::text[]) WITH ORDINALITY
-               AS t(kind, account, currency, amount, balance, status, acurrency, ord)
-          CROSS JOIN LATERAL (SELECT t.balance, t.status, t.acurrency AS currency) a
-         ORDER BY t.ord""",
-        [c[0] for c in cases], [c[1] for c in cases], [c[2] for c in cases],
-        [Decimal(c[3]) for c in cases],
-        [accounts[c[1]].balance if c[1] in accounts else None for c in cases],
-        [accounts[c[1]].status if c[1] in accounts else None for c in cases],
-        [accounts[c[1]].currency if c[1] in accounts else None for c in cases])
-    for (kind, account, currency, amount), row in zip(cases, rows, strict=True):
-        want = decide(_auth("R", account, amount, kind, currency) if kind != "REVERSAL" else
-                      decode_authorization(encode(auth_message(
-                          "R", account_id=account, amount=amount, currency=currency,
-                          authorization_type=kind, original_transaction_id="H"))),
-                      accounts.get(account))
-        assert row[0] == (want.decline_reason or want.result), (kind, account, currency, amount)
+# ---------------------------------------------------------------- the routes agree
+
+CALL = """SELECT * FROM {fn}($1::text[], $2::text[], $3::numeric[], $4::text[], $5::text[],
+                            $6::text[], $7::text[], $8::text[], $9::integer[], $10::bigint[],
+                            $11, $12, $13, $14::text[])"""
+# Each route's calls as counted so far in the transaction (track_functions).
+ROUTE_CALLS = ("SELECT funcname, calls FROM pg_stat_xact_user_functions "
+               "WHERE funcname IN ('payauth_authorize_purchases', 'payauth_authorize_lifecycle', "
+               "'payauth_authorize_each')")
+# What each path wrote, without what differs between two transactions by nature (serial ids,
+# the database's clock): compared row for row.
+SNAPSHOT = {
+    "holds": "SELECT txn_id, account_id, kind, amount, remaining, state, ended_at IS NULL AS "
+             "active, ended_by, released FROM holds ORDER BY txn_id",
+    "processed": "SELECT txn_id, result, decline_reason, amount_applied, forced, orphan, "
+                 "original_txn_id, input_balance, input_status, input_currency, rule_version "
+                 "FROM processed_transactions ORDER BY txn_id",
+    "lifecycle": "SELECT txn_id, kind, result, decline_reason, amount_applied, forced, orphan, "
+                 "ended_hold, original_txn_id FROM lifecycle_messages ORDER BY txn_id",
+    "ledger": "SELECT txn_id, account_id, amount, type FROM ledger_entries ORDER BY entry_id",
+    "orphans": "SELECT txn_id, state, applied FROM orphan_reversals ORDER BY txn_id",
+    "accounts": "SELECT account_id, balance, held FROM accounts ORDER BY account_id",
+}
+Msg = tuple[str, str, str, str, str | None, str]  # txn, account, kind, amount, original, cur
+PATH_ACCOUNTS = [("P-RICH", "100000.00", "ACTIVE"), ("P-POOR", "50.00", "ACTIVE"),
+            ("P-BLOCKED", "1000.00", "BLOCKED")]
+
+
+class Stream:
+    """Random batches whose every REVERSAL and CLEARING names a hold placed before it (the
+    common path), with the decisions that path must still make: declines for funds and
+    status, capped and full reversals, a reversal or clearing after the hold's end,
+    clearings over and under the hold and forced ones, advices past the balance."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.holds: dict[str, str] = {}  # placed (approved for sure) -> its account
+        self.n = 0
+
+    def _txn(self) -> str:
+        self.n += 1
+        return f"P-{self.n:05d}"
+
+    def message(self) -> Msg:
+        rng = self.rng
+        roll = rng.random()
+        if self.holds and roll < 0.45:
+            original = rng.choice(sorted(self.holds))
+            account = self.holds[original]
+            if rng.random() < 0.6:
+                return (self._txn(), account, "REVERSAL", rng.choice(["5.00", "20.00", "90.00"]),
+                        original, "EUR")
+            return self._txn(), account, "CLEARING", rng.choice(["10.00", "60.00"]), original, "EUR"
+        account = rng.choice(PATH_ACCOUNTS)[0]
+        txn = self._txn()
+        if roll < 0.65:
+            kind = "ADVICE" if rng.random() < 0.3 or account != "P-RICH" else "AUTHORIZATION"
+            self.holds[txn] = account  # an advice is always placed; so is a hold on P-RICH
+            return txn, account, kind, rng.choice(["30.00", "70.00", "400.00"]), None, "EUR"
+        if roll < 0.72:
+            return txn, account, "AUTHORIZATION", "5000.00", None, "EUR"  # declined but on P-RICH
+        if roll < 0.8:
+            return txn, account, "CLEARING", "15.00", None, "EUR"  # forced
+        if roll < 0.9:  # declined: an unknown account, another currency
+            return (txn, rng.choice(["P-NOBODY", account]),
+                    rng.choice(["PURCHASE", "REFUND", "AUTHORIZATION"]), "5.00", None, "USD")
+        return txn, account, rng.choice(["PURCHASE", "REFUND"]), rng.choice(
+            ["25.00", "800.00"]), None, "EUR"
+
+
+def _args(batch: list[Msg]) -> list[Any]:
+    n = len(batch)
+    return [[b[0] for b in batch], [b[1] for b in batch], [Decimal(b[3]) for b in batch],
+            [b[5] for b in batch], [b[2] for b in batch], [f"fp-{b[0]}" for b in batch],
+            [f"c-{b[0]}" for b in batch], [f"m-{b[0]}" for b in batch], [0] * n,
+            list(range(n)), datetime(2026, 12, 1, tzinfo=UTC), "t", uuid.uuid4(),
+            [b[4] for b in batch]]
+
+
+async def _routes(conn: asyncpg.Connection) -> dict[str, int]:
+    return {r["funcname"]: r["calls"] for r in await conn.fetch(ROUTE_CALLS)}
+
+
+async def _decide(conn: asyncpg.Connection, fn: str, args: list[Any]
+                  ) -> tuple[list[tuple[Any, ...]], dict[str, list[tuple[Any, ...]]], str]:
+    """``fn`` on ``args`` inside a transaction the caller ends: its answer, the tables after
+    it, and the route the batch took (for payauth_authorize)."""
+    before = await _routes(conn)
+    rows = await conn.fetch(CALL.format(fn=fn), *args)
+    after = await _routes(conn)
+    taken = [name for name, calls in after.items() if calls > before.get(name, 0)]
+    tables = {name: [tuple(r) for r in await conn.fetch(sql)] for name, sql in SNAPSHOT.items()}
+    return [tuple(r)[:8] for r in rows], tables, ",".join(sorted(taken))
+
+
+async def _both(conn: asyncpg.Connection, batch: list[Msg]) -> str:
+    """Decides ``batch`` by the loop alone and by payauth_authorize, asserts they agree,
+    keeps payauth_authorize's effects; returns the route it took."""
+    args = _args(batch)
+    tx = conn.transaction()
+    await tx.start()
+    by_loop = await _decide(conn, "payauth_authorize_each", args)
+    await tx.rollback()
+    tx = conn.transaction()
+    await tx.start()
+    routed = await _decide(conn, "payauth_authorize", args)
+    await tx.commit()
+    # The purchases route leaves the deltas to the events (NULL): they follow from each
+    # message's kind and amount.
+    purchases = routed[2] == "payauth_authorize_purchases"
+    assert [r[:6] if purchases else r for r in routed[0]] == \
+        [r[:6] if purchases else r for r in by_loop[0]], batch
+    assert routed[1] == by_loop[1], batch
+    return routed[2]
+
+
+def test_each_route_decides_as_the_loop(env: stack.Env) -> None:
+    async def scenario() -> None:
+        for account, balance, status in PATH_ACCOUNTS:
+            await stack.seed_accounts(env.dsn, [(account, balance, "EUR")], status=status)
+        conn = await asyncpg.connect(env.dsn)
+        try:
+            await conn.execute("SET track_functions = 'pl'")
+            stream = Stream(seed=12)
+            routes: set[str] = set()
+            results: set[tuple[Any, ...]] = set()
+            for size in [1, 3, 20, 60, 150] * 3:
+                batch = [stream.message() for _ in range(size)]
+                routes.add(await _both(conn, batch))
+                results |= {(r["result"], r["decline_reason"]) for r in await conn.fetch(
+                    "SELECT result, decline_reason FROM processed_transactions")}
+            # Every batch of the common path took a set-based route.
+            assert routes <= {"payauth_authorize_lifecycle", "payauth_authorize_purchases"}
+            assert {("APPROVED", None), ("DECLINED", "INSUFFICIENT_FUNDS"),
+                    ("DECLINED", "ACCOUNT_BLOCKED"), ("DECLINED", "UNKNOWN_ACCOUNT"),
+                    ("DECLINED", "CURRENCY_MISMATCH")} <= results
+            states = {r["state"] for r in await conn.fetch("SELECT state FROM holds")}
+            assert {"ACTIVE", "REVERSED", "CLEARED"} <= states
+
+            # A hold declined earlier in its batch, then reversed and cleared in it: the
+            # lifecycle route (the reversal changes nothing, the clearing is forced).
+            declined_in_batch = [
+                ("P-D1", "P-POOR", "AUTHORIZATION", "5000.00", None, "EUR"),
+                ("P-D2", "P-POOR", "REVERSAL", "10.00", "P-D1", "EUR"),
+                ("P-D3", "P-POOR", "CLEARING", "10.00", "P-D1", "EUR"),
+            ]
+            assert await _both(conn, declined_in_batch) == "payauth_authorize_lifecycle"
+
+            # Off the common path: the loop, whole.
+            off_path = [
+                [("P-X1", "P-RICH", "REVERSAL", "5.00", "P-NOT-YET", "EUR")],  # an orphan
+                [("P-X2", "P-NOBODY", "CLEARING", "5.00", None, "EUR")],  # no account
+                [("P-X5", "P-RICH", "ADVICE", "5.00", None, "USD")],  # another currency
+                [("P-X3", "P-RICH", "AUTHORIZATION", "1.00", None, "EUR"),
+                 ("P-X4", "P-POOR", "REVERSAL", "1.00", "P-X3", "EUR")],  # another's hold
+                [("P-X6", "P-RICH", "REVERSAL", "1.00", "P-X7", "EUR"),  # before its hold
+                 ("P-X7", "P-RICH", "AUTHORIZATION", "1.00", None, "EUR")],
+                [("P-X8", "P-RICH", "PURCHASE", "1.00", None, "EUR"),
+                 ("P-X9", "P-RICH", "REVERSAL", "1.00", "P-X8", "EUR")],  # of a purchase
+                [("P-Y1", "P-RICH", "PURCHASE", "2.00", None, "EUR")],  # P-X6 never came...
+                [("P-X6B", "P-RICH", "REVERSAL", "1.00", "P-Y2", "EUR")],
+                [("P-Y2", "P-RICH", "PURCHASE", "2.00", None, "EUR")],  # ...an orphan waits
+            ]
+            for batch in off_path:
+                route = await _both(conn, batch)
+                want = "payauth_authorize_purchases" if batch[0][0] == "P-Y1" \
+                    else "payauth_authorize_each"
+                assert route == want, batch
+        finally:
+            await conn.close()
+
+    asyncio.run(scenario())

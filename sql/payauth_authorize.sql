@@ -1,0 +1,136 @@
+-- payauth_authorize: the one statement that decides a batch (service/adapters/postgres.py
+-- calls it for every batch, whatever its kinds), and the one place that chooses how.
+--
+-- The batch is the worker's, in offset order within each partition: one array element per
+-- message (p_originals: each one's original_transaction_id, NULL for none). The call
+-- commits on its own (autocommit): one round trip, the accounts' locks held for the
+-- statement only. In this order:
+--
+-- 1. Lock the batch's accounts, in account_id order (every writer locks in this order, so
+--    two batches never deadlock). From here on nothing of these accounts changes under the
+--    batch, and whatever another batch wrote of them is committed and seen: an orphan
+--    reversal kept by a batch still open on the same account is waited for, not missed.
+-- 2. Choose the route, from what is locked (the only place a route is chosen):
+--    * purchases (payauth_authorize_purchases): only PURCHASE and REFUND, and no orphan
+--      reversal waits for any of them; set-based.
+--    * lifecycle (payauth_authorize_lifecycle): the lifecycle's common path, set-based:
+--      no orphan reversal waits for a message of the batch; every ADVICE and CLEARING of a
+--      known account and in its currency; every message that names an original names a
+--      hold found, or an AUTHORIZATION/ADVICE earlier in the batch, of its own account and
+--      currency; no hold placed twice.
+--    * each (payauth_authorize_each): anything else (an orphan kept or applied, a reversal
+--      of a purchase, a LIFECYCLE_MISMATCH, an advice or clearing of an unknown account or
+--      in another currency, a hold placed again), one message at a time; it holds every
+--      rule, the others the common cases of them (integration/sql/test_payauth_authorize.py
+--      holds the routes to the same rows).
+-- 3. The route decides in offset order with the one rule (payauth_decide), claims each
+--    transaction_id under the unique index of processed_transactions (another replica's
+--    claim first: SQLSTATE PA409, the whole statement rolled back), writes the ledger, the
+--    holds and the dedup records with the inputs each decision read, and moves the
+--    balances.
+--
+-- One row per message, in the batch's order: its result and decline reason; amount_applied
+-- (what a REVERSAL released or credited, what a CLEARING released, what an AUTHORIZATION
+-- or ADVICE placed); forced (a CLEARING with no hold to end); orphan (a REVERSAL kept until
+-- its original comes); mismatch (why the message names an original it cannot: not claimed,
+-- nothing changed, dead-lettered LIFECYCLE_MISMATCH); balance_delta and held_delta (what
+-- the message itself changed, for its event; NULL on the purchases route, where its kind
+-- and amount say it: service/domain/events.py); applied_ids, applied_amounts and
+-- applied_correlations (the orphan reversals this message's arrival applied, each with what
+-- it released or credited, for their ReversalApplied events).
+CREATE OR REPLACE FUNCTION payauth_authorize(
+    p_txn_ids          text[],
+    p_account_ids      text[],
+    p_amounts          numeric[],
+    p_currencies       text[],
+    p_auth_types       text[],
+    p_fingerprints     text[],
+    p_correlation_ids  text[],
+    p_message_ids      text[],
+    p_partitions       integer[],
+    p_offsets          bigint[],
+    p_processed_at     timestamptz,
+    p_source_topic     text,
+    p_batch_id         uuid,
+    p_originals        text[]
+) RETURNS TABLE (result text, decline_reason text, amount_applied text, forced boolean,
+                 orphan boolean, mismatch text, balance_delta text, held_delta text,
+                 applied_ids text[], applied_amounts text[], applied_correlations text[])
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    n     integer := coalesce(array_length(p_txn_ids, 1), 0);
+    route text;
+BEGIN
+    IF n = 0 THEN
+        RETURN;
+    END IF;
+
+    PERFORM 1 FROM accounts WHERE account_id = ANY(p_account_ids)
+     ORDER BY account_id FOR UPDATE;
+
+    route := CASE
+        WHEN EXISTS (SELECT 1 FROM orphan_reversals r
+                      WHERE r.state = 'WAITING' AND r.original_txn_id = ANY(p_txn_ids))
+            THEN 'each'
+        WHEN NOT EXISTS (SELECT 1 FROM unnest(p_auth_types) AS t(kind)
+                          WHERE t.kind NOT IN ('PURCHASE', 'REFUND'))
+            THEN 'purchases'
+        -- An ADVICE or CLEARING of an unknown account or in another currency than its
+        -- account's: a decline or a mismatch the loop words.
+        WHEN EXISTS (SELECT 1 FROM unnest(p_account_ids, p_currencies, p_auth_types)
+                                 AS m(acct, cur, kind)
+                       LEFT JOIN accounts a ON a.account_id = m.acct
+                      WHERE m.kind IN ('ADVICE', 'CLEARING')
+                        AND (a.account_id IS NULL OR a.currency::text <> m.cur))
+            THEN 'each'
+        -- An original that is neither a hold of the message's account and currency nor an
+        -- AUTHORIZATION or ADVICE of them earlier in the batch.
+        WHEN EXISTS (SELECT 1 FROM unnest(p_originals, p_account_ids, p_currencies)
+                                 WITH ORDINALITY AS m(orig, acct, cur, ord)
+                      WHERE m.orig IS NOT NULL
+                        AND NOT EXISTS (SELECT 1 FROM holds h
+                                         WHERE h.txn_id = m.orig AND h.account_id = m.acct
+                                           AND h.currency::text = m.cur)
+                        AND NOT EXISTS (SELECT 1 FROM unnest(p_txn_ids, p_account_ids,
+                                                             p_currencies, p_auth_types)
+                                                   WITH ORDINALITY AS e(txn, acct, cur, kind, ord)
+                                         WHERE e.txn = m.orig AND e.ord < m.ord
+                                           AND e.acct = m.acct AND e.cur = m.cur
+                                           AND e.kind IN ('AUTHORIZATION', 'ADVICE')))
+            THEN 'each'
+        -- A hold placed twice: in the batch, or found already (PA409, the loop says which).
+        WHEN EXISTS (SELECT 1 FROM unnest(p_txn_ids, p_auth_types) AS t(txn, kind)
+                      WHERE t.kind IN ('AUTHORIZATION', 'ADVICE')
+                      GROUP BY t.txn HAVING count(*) > 1
+                         OR EXISTS (SELECT 1 FROM holds h WHERE h.txn_id = t.txn))
+            THEN 'each'
+        ELSE 'lifecycle'
+    END;
+
+    IF route = 'purchases' THEN
+        RETURN QUERY SELECT p.result, p.decline_reason, NULL::text, NULL::boolean,
+                            NULL::boolean, NULL::text, NULL::text, NULL::text,
+                            NULL::text[], NULL::text[], NULL::text[]
+          FROM payauth_authorize_purchases(
+                   p_txn_ids, p_account_ids, p_amounts, p_currencies, p_auth_types,
+                   p_fingerprints, p_correlation_ids, p_message_ids, p_partitions,
+                   p_offsets, p_processed_at, p_source_topic, p_batch_id) p;
+    ELSIF route = 'lifecycle' THEN
+        RETURN QUERY SELECT l.*, NULL::text[], NULL::text[], NULL::text[]
+          FROM payauth_authorize_lifecycle(
+                   p_txn_ids, p_account_ids, p_amounts, p_currencies, p_auth_types,
+                   p_fingerprints, p_correlation_ids, p_message_ids, p_partitions,
+                   p_offsets, p_processed_at, p_source_topic, p_batch_id, p_originals) l;
+    ELSE
+        RETURN QUERY SELECT * FROM payauth_authorize_each(
+                   p_txn_ids, p_account_ids, p_amounts, p_currencies, p_auth_types,
+                   p_fingerprints, p_correlation_ids, p_message_ids, p_partitions,
+                   p_offsets, p_processed_at, p_source_topic, p_batch_id, p_originals);
+    END IF;
+END
+$$;
+
+REVOKE ALL ON FUNCTION payauth_authorize FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION payauth_authorize TO payauth_worker;

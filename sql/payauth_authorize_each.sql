@@ -1,0 +1,329 @@
+-- payauth_authorize_each: payauth_authorize's route for every batch off the set-based
+-- routes (sql/payauth_authorize.sql says which), called with the accounts locked: one
+-- message at a time, each seeing what the ones before it wrote. It holds every lifecycle
+-- rule (docs/lifecycle.md, "Where each rule lives"):
+--
+-- * LIFECYCLE_MISMATCH: payauth_mismatch's; such a message is not claimed, nothing changes.
+-- * The decision: payauth_decide, on the available balance (balance - held).
+-- * PURCHASE/REFUND: a debit/credit in the ledger. Waiting orphan reversals of an approved
+--   PURCHASE are applied in the order they came, each credited back (capped by what of the
+--   purchase remains) as a REVERSAL ledger entry under the reversal's own transaction_id;
+--   of anything else they become VOID.
+-- * AUTHORIZATION/ADVICE: a hold of the amount, net of the waiting orphan reversals it
+--   applies (a full reversal leaves nothing held: the hold is placed REVERSED).
+-- * REVERSAL: of a hold, releases up to what remains (ending it at zero); of an approved
+--   PURCHASE, credits back up to what of it is not yet reversed; of an original not known
+--   yet, kept WAITING in orphan_reversals; of a declined one, nothing.
+-- * CLEARING: posts its amount as a debit and ends its hold, releasing what remains; forced
+--   when no hold is named or known.
+--
+-- Every write checks it wrote what it meant to (a claim, a hold, a lifecycle record or a
+-- ledger entry there already: SQLSTATE PA409, the whole statement rolled back).
+-- balance_delta and held_delta: what the message itself changed (a hold counts whole; the
+-- orphan reversals its arrival applied, with what each released or credited, come in
+-- applied_ids, applied_amounts, applied_correlations).
+CREATE OR REPLACE FUNCTION payauth_authorize_each(
+    p_txn_ids          text[],
+    p_account_ids      text[],
+    p_amounts          numeric[],
+    p_currencies       text[],
+    p_auth_types       text[],
+    p_fingerprints     text[],
+    p_correlation_ids  text[],
+    p_message_ids      text[],
+    p_partitions       integer[],
+    p_offsets          bigint[],
+    p_processed_at     timestamptz,
+    p_source_topic     text,
+    p_batch_id         uuid,
+    p_originals        text[]
+) RETURNS TABLE (result text, decline_reason text, amount_applied text, forced boolean,
+                 orphan boolean, mismatch text, balance_delta text, held_delta text,
+                 applied_ids text[], applied_amounts text[], applied_correlations text[])
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    n          integer := coalesce(array_length(p_txn_ids, 1), 0);
+    rule       text := payauth_rule_version();
+    txn        text;
+    kind       text;
+    acct       text;
+    cur        text;
+    amt        numeric;
+    orig       text;
+    a          record;   -- the account as it is now
+    h          record;   -- the original's hold (when has_hold)
+    has_hold   boolean;
+    o          record;
+    avail      numeric;
+    decision   text;
+    res        text;
+    reason     text;
+    applied    numeric;
+    is_forced  boolean;
+    is_orphan  boolean;
+    ended      boolean;
+    why        text;
+    delta      numeric;  -- to the ledger balance
+    hold_delta numeric;  -- to accounts.held
+    placed     numeric;
+    orig_type  text;     -- the original when it is no hold
+    orig_acct  text;
+    orig_cur   text;
+    orig_amt   numeric;
+    orig_res   text;
+    reversed   numeric;
+    credit     numeric;  -- to the ledger balance, by orphan reversals of a PURCHASE
+    credit_ids text[];   -- those reversals, each written after the purchase's own entry
+    credits    numeric[];
+    c          numeric;
+    o_ids      text[];   -- the orphan reversals this message's arrival applied
+    o_amounts  text[];
+    o_corrs    text[];
+BEGIN
+    IF n = 0 THEN
+        RETURN;
+    END IF;
+
+    FOR i IN 1..n LOOP
+        txn := p_txn_ids[i]; acct := p_account_ids[i]; cur := p_currencies[i];
+        kind := p_auth_types[i]; amt := p_amounts[i]; orig := p_originals[i];
+        applied := NULL; is_forced := NULL; is_orphan := NULL; ended := false; why := NULL;
+        delta := 0; hold_delta := 0; credit := 0; credit_ids := '{}'; credits := '{}';
+        has_hold := false; orig_type := NULL;
+        orig_res := NULL; o_ids := NULL; o_amounts := NULL; o_corrs := NULL;
+
+        why := payauth_mismatch(kind, acct, cur, orig);
+        IF why IS NOT NULL THEN
+            result := NULL; decline_reason := NULL; amount_applied := NULL; forced := NULL;
+            orphan := NULL; mismatch := why; balance_delta := NULL; held_delta := NULL;
+            applied_ids := NULL; applied_amounts := NULL; applied_correlations := NULL;
+            RETURN NEXT;
+            CONTINUE;
+        END IF;
+
+        SELECT balance, held, status, currency::text AS currency INTO a
+          FROM accounts WHERE account_id = acct;
+        avail := CASE WHEN FOUND THEN a.balance - a.held END;
+
+        -- What the original is (payauth_mismatch found it fit): a hold, a posted PURCHASE, a
+        -- declined authorization or purchase, or nothing known yet.
+        IF orig IS NOT NULL THEN
+            SELECT * INTO h FROM holds WHERE txn_id = orig FOR UPDATE;
+            has_hold := FOUND;
+            IF has_hold THEN
+                orig_type := h.kind; orig_acct := h.account_id; orig_cur := h.currency;
+                orig_res := 'APPROVED';
+            ELSE
+                SELECT l.type, l.account_id, l.currency::text, -l.amount
+                  INTO orig_type, orig_acct, orig_cur, orig_amt
+                  FROM ledger_entries l WHERE l.txn_id = orig;
+                IF FOUND THEN
+                    orig_res := 'APPROVED';
+                ELSE
+                    SELECT m.kind, m.account_id, m.currency::text, m.result
+                      INTO orig_type, orig_acct, orig_cur, orig_res
+                      FROM lifecycle_messages m WHERE m.txn_id = orig;
+                    IF NOT FOUND THEN
+                        SELECT p.authorization_type, p.account_id, p.currency::text, p.result
+                          INTO orig_type, orig_acct, orig_cur, orig_res
+                          FROM processed_transactions p WHERE p.txn_id = orig;
+                    END IF;
+                END IF;
+            END IF;
+        END IF;
+
+        decision := payauth_decide(avail, a.status, a.currency, cur, kind, amt);
+        IF decision IS NULL THEN  -- a broken rule stops the partition, it never approves
+            RAISE EXCEPTION 'payauth_decide returned NULL for transaction %', txn;
+        END IF;
+        res := CASE WHEN decision = 'APPROVED' THEN 'APPROVED' ELSE 'DECLINED' END;
+        reason := CASE WHEN decision = 'APPROVED' THEN NULL ELSE decision END;
+
+        IF kind IN ('PURCHASE', 'REFUND') THEN
+            delta := CASE WHEN res <> 'APPROVED' THEN 0 WHEN kind = 'PURCHASE' THEN -amt
+                          ELSE amt END;
+            -- Waiting orphan reversals of this one, in the order they came: an approved
+            -- PURCHASE is credited back up to its amount, each credit a REVERSAL ledger entry
+            -- under the reversal's own transaction_id; of anything else they change nothing.
+            FOR o IN SELECT r.*, m.correlation_id FROM orphan_reversals r
+                       LEFT JOIN lifecycle_messages m ON m.txn_id = r.txn_id
+                      WHERE r.original_txn_id = txn AND r.state = 'WAITING'
+                      ORDER BY r.arrived_at, r.txn_id FOR UPDATE OF r LOOP
+                IF res <> 'APPROVED' OR kind <> 'PURCHASE' OR o.account_id <> acct
+                   OR o.currency <> cur THEN
+                    UPDATE orphan_reversals SET state = 'VOID', applied = 0, resolved_at = now()
+                     WHERE txn_id = o.txn_id;
+                ELSE
+                    c := least(o.amount, amt - credit);
+                    UPDATE orphan_reversals SET state = 'APPLIED', applied = c,
+                                                resolved_at = now()
+                     WHERE txn_id = o.txn_id;
+                    o_ids := o_ids || o.txn_id; o_amounts := o_amounts || c::text;
+                    o_corrs := o_corrs || o.correlation_id;
+                    IF c > 0 THEN
+                        credit_ids := credit_ids || o.txn_id;
+                        credits := credits || c;
+                    END IF;
+                    credit := credit + c;
+                END IF;
+            END LOOP;
+        ELSIF kind IN ('AUTHORIZATION', 'ADVICE') THEN
+            -- Waiting orphan reversals of this one, in the order they came.
+            placed := amt;
+            FOR o IN SELECT r.*, m.correlation_id FROM orphan_reversals r
+                       LEFT JOIN lifecycle_messages m ON m.txn_id = r.txn_id
+                      WHERE r.original_txn_id = txn AND r.state = 'WAITING'
+                      ORDER BY r.arrived_at, r.txn_id FOR UPDATE OF r LOOP
+                IF res <> 'APPROVED' OR o.account_id <> acct OR o.currency <> cur THEN
+                    UPDATE orphan_reversals SET state = 'VOID', applied = 0, resolved_at = now()
+                     WHERE txn_id = o.txn_id;
+                ELSE
+                    c := least(o.amount, placed);
+                    UPDATE orphan_reversals SET state = 'APPLIED', applied = c,
+                                                resolved_at = now()
+                     WHERE txn_id = o.txn_id;
+                    o_ids := o_ids || o.txn_id; o_amounts := o_amounts || c::text;
+                    o_corrs := o_corrs || o.correlation_id;
+                    placed := placed - c;
+                END IF;
+            END LOOP;
+            IF res = 'APPROVED' THEN
+                INSERT INTO holds (txn_id, account_id, currency, kind, amount, remaining, state,
+                                   ended_at, released)
+                VALUES (txn, acct, cur, kind, amt, placed,
+                        CASE WHEN placed > 0 THEN 'ACTIVE' ELSE 'REVERSED' END,
+                        CASE WHEN placed > 0 THEN NULL ELSE now() END,
+                        CASE WHEN placed > 0 THEN NULL ELSE amt END)
+                    ON CONFLICT (txn_id) DO NOTHING;
+                IF NOT FOUND THEN
+                    RAISE EXCEPTION 'hold % placed already', txn USING ERRCODE = 'PA409';
+                END IF;
+                hold_delta := placed;
+                applied := placed;
+            END IF;
+        ELSIF kind = 'REVERSAL' THEN
+            applied := 0;
+            IF has_hold THEN
+                IF h.state = 'ACTIVE' THEN
+                    applied := least(amt, h.remaining);
+                    ended := h.remaining - applied = 0;
+                    UPDATE holds
+                       SET remaining = remaining - applied,
+                           state = CASE WHEN ended THEN 'REVERSED' ELSE 'ACTIVE' END,
+                           ended_at = CASE WHEN ended THEN now() END,
+                           ended_by = CASE WHEN ended THEN txn END,
+                           released = CASE WHEN ended THEN applied END
+                     WHERE txn_id = orig AND state = 'ACTIVE';
+                    IF NOT FOUND THEN
+                        RAISE EXCEPTION 'hold % ended meanwhile', orig USING ERRCODE = 'PA409';
+                    END IF;
+                    hold_delta := -applied;
+                END IF;
+            ELSIF orig_type = 'PURCHASE' AND orig_res = 'APPROVED' THEN
+                SELECT coalesce(sum(m.amount_applied), 0)
+                       + coalesce((SELECT sum(r.applied) FROM orphan_reversals r
+                                    WHERE r.original_txn_id = orig AND r.state = 'APPLIED'), 0)
+                  INTO reversed
+                  FROM lifecycle_messages m
+                 WHERE m.original_txn_id = orig AND m.kind = 'REVERSAL';
+                applied := greatest(least(amt, orig_amt - reversed), 0);
+                delta := applied;
+            ELSIF orig_type IS NULL THEN
+                is_orphan := true;
+                INSERT INTO orphan_reversals (txn_id, original_txn_id, account_id, currency,
+                                              amount, state)
+                VALUES (txn, orig, acct, cur, amt, 'WAITING')
+                    ON CONFLICT (txn_id) DO NOTHING;
+            END IF;
+            -- else: the original was declined: a reversal of it changes nothing
+        ELSIF kind = 'CLEARING' AND res = 'APPROVED' THEN
+            is_forced := NOT has_hold;
+            applied := 0;
+            IF has_hold AND h.state = 'ACTIVE' THEN
+                applied := h.remaining;
+                ended := true;
+                UPDATE holds
+                   SET remaining = 0, state = 'CLEARED', ended_at = now(), ended_by = txn,
+                       released = h.remaining
+                 WHERE txn_id = orig AND state = 'ACTIVE';
+                IF NOT FOUND THEN
+                    RAISE EXCEPTION 'hold % ended meanwhile', orig USING ERRCODE = 'PA409';
+                END IF;
+                hold_delta := -applied;
+            END IF;
+            delta := -amt;
+        END IF;
+
+        -- The claim and the dedup record (with the inputs the decision read).
+        INSERT INTO processed_transactions
+               (txn_id, processed_at, result, decline_reason, fingerprint, account_id,
+                amount, currency, authorization_type, correlation_id, message_id,
+                source_topic, source_partition, source_offset, batch_id, input_balance,
+                input_status, input_currency, rule_version, original_txn_id, amount_applied,
+                forced, orphan)
+        VALUES (txn, p_processed_at, res, reason, p_fingerprints[i], acct, amt, cur, kind,
+                p_correlation_ids[i], p_message_ids[i], p_source_topic, p_partitions[i],
+                p_offsets[i], p_batch_id, avail, a.status, a.currency, rule, orig, applied,
+                is_forced, is_orphan)
+            ON CONFLICT (txn_id) DO NOTHING;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'claim of % lost: another replica decided first', txn
+                  USING ERRCODE = 'PA409';
+        END IF;
+        IF kind NOT IN ('PURCHASE', 'REFUND') THEN
+            INSERT INTO lifecycle_messages
+                   (txn_id, kind, account_id, amount, currency, fingerprint, original_txn_id,
+                    result, decline_reason, amount_applied, forced, orphan, ended_hold,
+                    correlation_id, processed_at)
+            VALUES (txn, kind, acct, amt, cur, p_fingerprints[i], orig, res, reason, applied,
+                    is_forced, is_orphan, ended, p_correlation_ids[i], p_processed_at)
+                ON CONFLICT (txn_id) DO NOTHING;
+            IF NOT FOUND THEN  -- decided before the dedup record was purged
+                RAISE EXCEPTION 'lifecycle message % decided already', txn
+                      USING ERRCODE = 'PA409';
+            END IF;
+        END IF;
+        IF delta <> 0 THEN
+            INSERT INTO ledger_entries (txn_id, account_id, amount, currency, type, created_at)
+            VALUES (txn, acct, delta, cur, kind, p_processed_at)
+                ON CONFLICT (txn_id) DO NOTHING;
+            IF NOT FOUND THEN
+                RAISE EXCEPTION 'ledger entry % written already', txn USING ERRCODE = 'PA409';
+            END IF;
+        END IF;
+        IF credit <> 0 THEN
+            INSERT INTO ledger_entries (txn_id, account_id, amount, currency, type, created_at)
+            SELECT r.id, acct, r.amount, cur, 'REVERSAL', p_processed_at
+              FROM unnest(credit_ids, credits) WITH ORDINALITY AS r(id, amount, k)
+             ORDER BY r.k
+                ON CONFLICT (txn_id) DO NOTHING;
+            GET DIAGNOSTICS c = ROW_COUNT;
+            IF c <> cardinality(credit_ids) THEN
+                RAISE EXCEPTION 'a credit of purchase % written already', txn
+                      USING ERRCODE = 'PA409';
+            END IF;
+        END IF;
+        IF delta <> 0 OR hold_delta <> 0 OR credit <> 0 THEN
+            UPDATE accounts
+               SET balance = balance + delta + credit, held = held + hold_delta,
+                   updated_at = p_processed_at
+             WHERE account_id = acct;
+        END IF;
+
+        result := res; decline_reason := reason; amount_applied := applied::text;
+        forced := is_forced; orphan := is_orphan; mismatch := NULL;
+        -- What the message itself changed: a hold placed counts whole here, the orphans
+        -- it applied count in their own events (applied_*).
+        balance_delta := delta::text;
+        held_delta := (CASE WHEN kind IN ('AUTHORIZATION', 'ADVICE') AND res = 'APPROVED'
+                            THEN amt ELSE hold_delta END)::text;
+        applied_ids := o_ids; applied_amounts := o_amounts; applied_correlations := o_corrs;
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+
+REVOKE ALL ON FUNCTION payauth_authorize_each FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION payauth_authorize_each TO payauth_worker;

@@ -1,0 +1,278 @@
+-- payauth_authorize_lifecycle: payauth_authorize's route for the lifecycle's common path
+-- (sql/payauth_authorize.sql says which batches take it, and calls it with the accounts
+-- locked): every original a hold found, or an AUTHORIZATION/ADVICE placed earlier in the
+-- batch, of the message's own account and currency; no orphan reversal waiting; every
+-- ADVICE and CLEARING of a known account and in its currency (a purchase, refund or
+-- authorization of an unknown account or in another currency is declined here, by
+-- payauth_decide, as the loop declines it).
+--
+-- Set-based: the batch's accounts and the holds its messages name are read (and the holds
+-- locked) once, every message is decided in offset order in memory (arrays), then each
+-- table is written by one statement. The decision is payauth_decide's, called for each
+-- message as the loop calls it; the rules it applies are payauth_authorize_each's for the
+-- same messages (integration/sql/test_payauth_authorize.py holds the two to the same rows).
+-- balance_delta and held_delta: what each message itself changed.
+CREATE OR REPLACE FUNCTION payauth_authorize_lifecycle(
+    p_txn_ids          text[],
+    p_account_ids      text[],
+    p_amounts          numeric[],
+    p_currencies       text[],
+    p_auth_types       text[],
+    p_fingerprints     text[],
+    p_correlation_ids  text[],
+    p_message_ids      text[],
+    p_partitions       integer[],
+    p_offsets          bigint[],
+    p_processed_at     timestamptz,
+    p_source_topic     text,
+    p_batch_id         uuid,
+    p_originals        text[]
+) RETURNS TABLE (result text, decline_reason text, amount_applied text, forced boolean,
+                 orphan boolean, mismatch text, balance_delta text, held_delta text)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    n          integer := coalesce(array_length(p_txn_ids, 1), 0);
+    rule       text;
+    ids        text[];     -- the batch's distinct accounts, in lock order
+    bals       numeric[];  -- aligned with ids: the ledger balance as the batch leaves it
+    helds      numeric[];  -- and what its active holds keep
+    curs       text[];
+    stats      text[];
+    aslot      integer[];  -- each message's account's position in ids
+    hkeys      text[];     -- the holds the batch touches: those found, then those it places
+    n_found    integer;
+    hacct      text[];     -- aligned with hkeys
+    hcur       text[];
+    hkind      text[];
+    hamt       numeric[];
+    hrem       numeric[];
+    hstate     text[];
+    hby        text[];
+    hrel       numeric[];
+    hlive      boolean[];  -- exists by now: found, or placed (approved) earlier in the batch
+    htouched   boolean[];  -- a found hold this batch changed
+    oslot      integer[];  -- each message's original's position in hkeys
+    pslot      integer[];  -- each AUTHORIZATION/ADVICE's own position in hkeys
+    res        text[] := '{}';
+    reasons    text[] := '{}';
+    applied    numeric[] := '{}';
+    forced_    boolean[] := '{}';
+    ended      boolean[] := '{}';
+    deltas     numeric[] := '{}';
+    hdeltas    numeric[] := '{}';
+    seen_bal   numeric[] := '{}';
+    seen_stat  text[] := '{}';
+    seen_cur   text[] := '{}';
+    j          integer;
+    k          integer;
+    kind       text;
+    amt        numeric;
+    decision   text;
+    n_written  bigint;
+    n_expected bigint;
+BEGIN
+    IF n = 0 THEN
+        RETURN;
+    END IF;
+
+    SELECT array_agg(k.id ORDER BY k.id), array_agg(a.balance ORDER BY k.id),
+           array_agg(a.held ORDER BY k.id), array_agg(a.currency::text ORDER BY k.id),
+           array_agg(a.status ORDER BY k.id)
+      INTO ids, bals, helds, curs, stats
+      FROM (SELECT DISTINCT unnest(p_account_ids) AS id) k
+      LEFT JOIN accounts a ON a.account_id = k.id;  -- unknown: NULLs, a decline
+    SELECT array_agg(s.pos ORDER BY t.ord) INTO aslot
+      FROM unnest(p_account_ids) WITH ORDINALITY AS t(id, ord)
+      JOIN unnest(ids) WITH ORDINALITY AS s(id, pos) ON s.id = t.id;
+
+    -- The originals that are holds, locked in one order; then the holds the batch places.
+    PERFORM 1 FROM holds WHERE txn_id = ANY(p_originals) ORDER BY txn_id FOR UPDATE;
+    SELECT coalesce(array_agg(h.txn_id ORDER BY h.txn_id), '{}'),
+           array_agg(h.account_id ORDER BY h.txn_id), array_agg(h.currency::text ORDER BY h.txn_id),
+           array_agg(h.kind ORDER BY h.txn_id), array_agg(h.amount ORDER BY h.txn_id),
+           array_agg(h.remaining ORDER BY h.txn_id), array_agg(h.state ORDER BY h.txn_id),
+           array_agg(h.ended_by ORDER BY h.txn_id), array_agg(h.released ORDER BY h.txn_id)
+      INTO hkeys, hacct, hcur, hkind, hamt, hrem, hstate, hby, hrel
+      FROM holds h WHERE h.txn_id = ANY(p_originals);
+    n_found := coalesce(array_length(hkeys, 1), 0);
+    SELECT hkeys || coalesce(array_agg(t.id ORDER BY t.ord), '{}') INTO hkeys
+      FROM unnest(p_txn_ids, p_auth_types) WITH ORDINALITY AS t(id, kind, ord)
+     WHERE t.kind IN ('AUTHORIZATION', 'ADVICE');
+    -- Every hold array as long as hkeys (a NULL array assigned an element would start at it).
+    k := coalesce(array_length(hkeys, 1), 0) - n_found;
+    hacct := coalesce(hacct, '{}') || array_fill(NULL::text, ARRAY[k]);
+    hcur := coalesce(hcur, '{}') || array_fill(NULL::text, ARRAY[k]);
+    hkind := coalesce(hkind, '{}') || array_fill(NULL::text, ARRAY[k]);
+    hamt := coalesce(hamt, '{}') || array_fill(NULL::numeric, ARRAY[k]);
+    hrem := coalesce(hrem, '{}') || array_fill(NULL::numeric, ARRAY[k]);
+    hstate := coalesce(hstate, '{}') || array_fill(NULL::text, ARRAY[k]);
+    hby := coalesce(hby, '{}') || array_fill(NULL::text, ARRAY[k]);
+    hrel := coalesce(hrel, '{}') || array_fill(NULL::numeric, ARRAY[k]);
+    hlive := array_fill(true, ARRAY[n_found]) || array_fill(false, ARRAY[k]);
+    htouched := array_fill(false, ARRAY[n_found + k]);
+    SELECT array_agg(s.pos ORDER BY t.ord) INTO oslot
+      FROM unnest(p_originals) WITH ORDINALITY AS t(id, ord)
+      LEFT JOIN unnest(hkeys) WITH ORDINALITY AS s(id, pos) ON s.id = t.id;
+    SELECT array_agg(s.pos ORDER BY t.ord) INTO pslot
+      FROM unnest(p_txn_ids, p_auth_types) WITH ORDINALITY AS t(id, kind, ord)
+      LEFT JOIN unnest(hkeys) WITH ORDINALITY AS s(id, pos)
+        ON s.id = t.id AND t.kind IN ('AUTHORIZATION', 'ADVICE') AND s.pos > n_found;
+
+    rule := payauth_rule_version();
+
+    -- Decide in offset order, in memory: each message sees the balances and holds the ones
+    -- before it left. Every original is a hold found or one the batch placed earlier (the
+    -- route says so); one placed earlier may have been declined: a REVERSAL of it changes
+    -- nothing, a CLEARING of it is forced.
+    FOR i IN 1..n LOOP
+        j := aslot[i]; kind := p_auth_types[i]; amt := p_amounts[i];
+        seen_bal[i] := bals[j] - helds[j]; seen_stat[i] := stats[j]; seen_cur[i] := curs[j];
+        applied[i] := NULL; forced_[i] := NULL; ended[i] := false;
+        deltas[i] := 0; hdeltas[i] := 0;
+        k := oslot[i];
+        IF p_originals[i] IS NOT NULL AND k IS NULL THEN
+            RAISE EXCEPTION 'the original % of % is off the lifecycle route',
+                            p_originals[i], p_txn_ids[i];
+        END IF;
+        decision := payauth_decide(seen_bal[i], stats[j], curs[j], p_currencies[i], kind, amt);
+        IF decision IS NULL THEN  -- a broken rule stops the partition, it never approves
+            RAISE EXCEPTION 'payauth_decide returned NULL for transaction %', p_txn_ids[i];
+        END IF;
+        res[i] := CASE WHEN decision = 'APPROVED' THEN 'APPROVED' ELSE 'DECLINED' END;
+        reasons[i] := CASE WHEN decision = 'APPROVED' THEN NULL ELSE decision END;
+        IF res[i] = 'APPROVED' AND kind = 'PURCHASE' THEN
+            deltas[i] := -amt;
+        ELSIF res[i] = 'APPROVED' AND kind = 'REFUND' THEN
+            deltas[i] := amt;
+        ELSIF kind IN ('AUTHORIZATION', 'ADVICE') THEN
+            IF res[i] = 'APPROVED' THEN
+                k := pslot[i];
+                hacct[k] := p_account_ids[i]; hcur[k] := p_currencies[i]; hkind[k] := kind;
+                hamt[k] := amt; hrem[k] := amt; hstate[k] := 'ACTIVE'; hlive[k] := true;
+                hdeltas[i] := amt; applied[i] := amt;
+            END IF;
+        ELSIF kind = 'REVERSAL' THEN
+            applied[i] := 0;
+            IF hlive[k] AND hstate[k] = 'ACTIVE' THEN
+                applied[i] := least(amt, hrem[k]);
+                ended[i] := hrem[k] - applied[i] = 0;
+                hrem[k] := hrem[k] - applied[i];
+                IF ended[i] THEN
+                    hstate[k] := 'REVERSED'; hby[k] := p_txn_ids[i]; hrel[k] := applied[i];
+                END IF;
+                htouched[k] := true;
+                hdeltas[i] := -applied[i];
+            END IF;
+        ELSIF kind = 'CLEARING' THEN
+            forced_[i] := p_originals[i] IS NULL OR NOT hlive[k];
+            applied[i] := 0;
+            IF NOT forced_[i] AND hstate[k] = 'ACTIVE' THEN
+                applied[i] := hrem[k]; ended[i] := true;
+                hrel[k] := hrem[k]; hrem[k] := 0; hstate[k] := 'CLEARED'; hby[k] := p_txn_ids[i];
+                htouched[k] := true;
+                hdeltas[i] := -applied[i];
+            END IF;
+            deltas[i] := -amt;
+        END IF;
+        bals[j] := bals[j] + deltas[i]; helds[j] := helds[j] + hdeltas[i];
+    END LOOP;
+
+    -- The holds placed (as the batch leaves them), then the ones found that it changed: a
+    -- conditional UPDATE that finds each still ACTIVE (it is locked: it is).
+    INSERT INTO holds (txn_id, account_id, currency, kind, amount, remaining, state, ended_at,
+                       ended_by, released)
+    SELECT u.id, u.acct, u.cur, u.kind, u.amt, u.rem, u.state,
+           CASE WHEN u.state <> 'ACTIVE' THEN now() END, u.by, u.rel
+      FROM unnest(hkeys, hacct, hcur, hkind, hamt, hrem, hstate, hby, hrel, hlive)
+               WITH ORDINALITY AS u(id, acct, cur, kind, amt, rem, state, by, rel, live, pos)
+     WHERE u.pos > n_found AND u.live
+        ON CONFLICT (txn_id) DO NOTHING;
+    GET DIAGNOSTICS n_written = ROW_COUNT;
+    SELECT count(*) INTO n_expected FROM unnest(hlive[n_found + 1:]) AS u(live) WHERE u.live;
+    IF n_written <> n_expected THEN
+        RAISE EXCEPTION 'holds placed already (% of %)', n_written, n_expected
+              USING ERRCODE = 'PA409';
+    END IF;
+    UPDATE holds h
+       SET remaining = u.rem, state = u.state,
+           ended_at = CASE WHEN u.state <> 'ACTIVE' THEN now() END,
+           ended_by = u.by, released = u.rel
+      FROM unnest(hkeys[1:n_found], hrem[1:n_found], hstate[1:n_found], hby[1:n_found],
+                  hrel[1:n_found], htouched[1:n_found]) AS u(id, rem, state, by, rel, touched)
+     WHERE u.touched AND h.txn_id = u.id AND h.state = 'ACTIVE';
+    GET DIAGNOSTICS n_written = ROW_COUNT;
+    IF n_written <> (SELECT count(*) FROM unnest(htouched[1:n_found]) AS t WHERE t) THEN
+        RAISE EXCEPTION 'a hold ended meanwhile' USING ERRCODE = 'PA409';
+    END IF;
+
+    -- The claims and dedup records (with the inputs each decision read).
+    INSERT INTO processed_transactions
+           (txn_id, processed_at, result, decline_reason, fingerprint, account_id,
+            amount, currency, authorization_type, correlation_id, message_id,
+            source_topic, source_partition, source_offset, batch_id, input_balance,
+            input_status, input_currency, rule_version, original_txn_id, amount_applied,
+            forced, orphan)
+    SELECT t.txn, p_processed_at, t.res, t.reason, t.fp, t.acct, t.amt, t.cur, t.kind, t.corr,
+           t.msg, p_source_topic, t.part, t.off, p_batch_id, t.bal, t.stat, t.acur, rule,
+           t.orig, t.applied, t.forced, NULL
+      FROM unnest(p_txn_ids, res, reasons, p_fingerprints, p_account_ids, p_amounts,
+                  p_currencies, p_auth_types, p_correlation_ids, p_message_ids, p_partitions,
+                  p_offsets, seen_bal, seen_stat, seen_cur, p_originals, applied, forced_)
+           AS t(txn, res, reason, fp, acct, amt, cur, kind, corr, msg, part, off, bal, stat,
+                acur, orig, applied, forced)
+        ON CONFLICT (txn_id) DO NOTHING;
+    GET DIAGNOSTICS n_written = ROW_COUNT;
+    IF n_written <> n THEN
+        RAISE EXCEPTION 'claimed % of %: another replica decided first', n_written, n
+              USING ERRCODE = 'PA409';
+    END IF;
+    INSERT INTO lifecycle_messages
+           (txn_id, kind, account_id, amount, currency, fingerprint, original_txn_id,
+            result, decline_reason, amount_applied, forced, orphan, ended_hold,
+            correlation_id, processed_at)
+    SELECT t.txn, t.kind, t.acct, t.amt, t.cur, t.fp, t.orig, t.res, t.reason, t.applied,
+           t.forced, NULL, t.ended, t.corr, p_processed_at
+      FROM unnest(p_txn_ids, p_auth_types, p_account_ids, p_amounts, p_currencies,
+                  p_fingerprints, p_originals, res, reasons, applied, forced_, ended,
+                  p_correlation_ids)
+           AS t(txn, kind, acct, amt, cur, fp, orig, res, reason, applied, forced, ended, corr)
+     WHERE t.kind NOT IN ('PURCHASE', 'REFUND')
+        ON CONFLICT (txn_id) DO NOTHING;
+    GET DIAGNOSTICS n_written = ROW_COUNT;
+    IF n_written <> (SELECT count(*) FROM unnest(p_auth_types) AS t(kind)
+                      WHERE t.kind NOT IN ('PURCHASE', 'REFUND')) THEN
+        RAISE EXCEPTION 'a lifecycle message of the batch was decided already'
+              USING ERRCODE = 'PA409';
+    END IF;
+    INSERT INTO ledger_entries (txn_id, account_id, amount, currency, type, created_at)
+    SELECT t.txn, t.acct, t.delta, t.cur, t.kind, p_processed_at
+      FROM unnest(p_txn_ids, p_account_ids, deltas, p_currencies, p_auth_types)
+           AS t(txn, acct, delta, cur, kind)
+     WHERE t.delta <> 0
+        ON CONFLICT (txn_id) DO NOTHING;
+    GET DIAGNOSTICS n_written = ROW_COUNT;
+    IF n_written <> (SELECT count(*) FROM unnest(deltas) AS d WHERE d <> 0) THEN
+        RAISE EXCEPTION 'a ledger entry of the batch was written already'
+              USING ERRCODE = 'PA409';
+    END IF;
+    UPDATE accounts a
+       SET balance = a.balance + d.delta, held = a.held + d.hdelta,
+           updated_at = p_processed_at
+      FROM (SELECT t.acct, sum(t.delta) AS delta, sum(t.hdelta) AS hdelta
+              FROM unnest(p_account_ids, deltas, hdeltas) AS t(acct, delta, hdelta)
+             WHERE t.delta <> 0 OR t.hdelta <> 0
+             GROUP BY t.acct) d
+     WHERE a.account_id = d.acct;
+
+    RETURN QUERY
+    SELECT u.r, u.w, u.a::text, u.f, NULL::boolean, NULL::text, u.d::text, u.h::text
+      FROM unnest(res, reasons, applied, forced_, deltas, hdeltas)
+           WITH ORDINALITY AS u(r, w, a, f, d, h, k)
+     ORDER BY u.k;
+END
+$$;
+
+REVOKE ALL ON FUNCTION payauth_authorize_lifecycle FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION payauth_authorize_lifecycle TO payauth_worker;
