@@ -8,7 +8,8 @@
 -- * PURCHASE/REFUND: a debit/credit in the ledger. Waiting orphan reversals of an approved
 --   PURCHASE are applied in the order they came, each credited back (capped by what of the
 --   purchase remains) as a REVERSAL ledger entry under the reversal's own transaction_id;
---   of anything else they become VOID.
+--   of anything else (declined, a REFUND, REVERSAL or CLEARING, of another account or
+--   currency) they become VOID.
 -- * AUTHORIZATION/ADVICE: a hold of the amount, net of the waiting orphan reversals it
 --   applies (a full reversal leaves nothing held: the hold is placed REVERSED).
 -- * REVERSAL: of a hold, releases up to what remains (ending it at zero); of an approved
@@ -254,6 +255,13 @@ BEGIN
                 hold_delta := -applied;
             END IF;
             delta := -amt;
+        END IF;
+
+        -- A REVERSAL or CLEARING is nobody's original: reversals waiting for this one are
+        -- void (they could not be applied to it).
+        IF kind IN ('REVERSAL', 'CLEARING') THEN
+            UPDATE orphan_reversals SET state = 'VOID', applied = 0, resolved_at = now()
+             WHERE original_txn_id = txn AND state = 'WAITING';
         END IF;
 
         -- The claim and the dedup record (with the inputs the decision read).

@@ -11,11 +11,18 @@ Each transaction is decided again alone, on its own stored inputs: when an earli
 on the same account changes (a refund now approved), the balances later decisions read are
 not recomputed, so a change that follows from another one is not shown.
 
-The lifecycle kinds (migration 010) are decided again too, by the same rule on the same
-stored inputs (the balance read is the available one): whether an AUTHORIZATION, ADVICE or
-CLEARING is approved or declined. What a REVERSAL released or a CLEARING released from its
-hold is not decided again: it follows from the hold's state at the time, which no input
-row keeps (``payauth explain`` shows it).
+The lifecycle kinds are decided again too, by the same rule on the same stored inputs (the
+balance read is the available one): whether an AUTHORIZATION, ADVICE or CLEARING is
+approved or declined. What a REVERSAL released or a CLEARING released from its hold is not
+decided again: it follows from the hold's state at the time, which no input row keeps
+(``payauth explain`` shows it).
+
+A message with no dedup record is one of these, in this order, and only the last is a
+change: a message a replay would dead-letter again (invalid; a conflict; a REVERSAL,
+CLEARING or ADVICE that names what it cannot, ``payauth_mismatch`` as the worker asks it);
+a decision whose dedup record was purged, its effect read where it is kept (the ledger, the
+lifecycle records, or, for a decline, which leaves no effect, its event on the output
+topic); a message never decided, which a replay would decide.
 
 The range: what ``payauth replay`` would re-read (``--to-datetime``, ``--to-earliest``,
 ``--shift-by``: from the target to the group's committed offset), explicit offsets
@@ -32,6 +39,7 @@ from decimal import Decimal
 from typing import Any
 
 import asyncpg
+import orjson
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from service.adapters.kafka.config import client_config
@@ -42,9 +50,12 @@ from service.ops.replay import PartitionPlan, ReplayRefused, partitions_of
 from service.ops.shadow_report import Decision, ShadowReport
 
 _CHUNK = 2_000  # messages classified per database round trip
+# The events of a decision of a message of its own (not an expiry, not an orphan applied).
+_DECISION_EVENTS = frozenset({"PaymentAuthorized", "PaymentDeclined", "PaymentReversed",
+                              "PaymentCleared"})
 _QUIET_SECONDS = 30  # no message for this long before the range's end: the read fails
 
-RULE_VERSION = "SELECT payauth_rule_version()"  # defined once, in the migrations
+RULE_VERSION = "SELECT payauth_rule_version()"  # defined once, sql/payauth_rule_version.sql
 # The stored decision and what the rule decides now from the same inputs.
 _DECIDE_AGAIN = """
 SELECT p.txn_id, p.fingerprint, p.result, p.decline_reason, p.rule_version,
@@ -55,13 +66,21 @@ SELECT p.txn_id, p.fingerprint, p.result, p.decline_reason, p.rule_version,
   FROM processed_transactions p
  WHERE p.txn_id = ANY($1::text[])
 """
-_LEDGER_ONLY = "SELECT txn_id FROM ledger_entries WHERE txn_id = ANY($1::text[])"
-# Never decided: what the rule decides now, each alone against its account as it is now.
+# Decided, the dedup record purged: the effect is kept in the ledger (an approved purchase,
+# refund or clearing) or in the lifecycle records (every lifecycle message, never purged).
+_EFFECT_KEPT = """
+SELECT txn_id FROM ledger_entries WHERE txn_id = ANY($1::text[])
+UNION
+SELECT txn_id FROM lifecycle_messages WHERE txn_id = ANY($1::text[])
+"""
+# No record: a replay would dead-letter it (mismatch) or decide it, each alone against its
+# account as it is now.
 _DECIDE_NOW = """
-SELECT payauth_decide(a.balance - a.held, a.status, a.currency::text, t.currency, t.auth_type,
-                      t.amount)
-  FROM unnest($1::text[], $2::numeric[], $3::text[], $4::text[]) WITH ORDINALITY
-       AS t(account_id, amount, currency, auth_type, ord)
+SELECT payauth_mismatch(t.auth_type, t.account_id, t.currency, t.original) AS mismatch,
+       payauth_decide(a.balance - a.held, a.status, a.currency::text, t.currency, t.auth_type,
+                      t.amount) AS now
+  FROM unnest($1::text[], $2::numeric[], $3::text[], $4::text[], $5::text[]) WITH ORDINALITY
+       AS t(account_id, amount, currency, auth_type, original, ord)
   LEFT JOIN accounts a ON a.account_id = t.account_id
  ORDER BY t.ord
 """
@@ -152,6 +171,50 @@ def read_range(settings: Settings, ranges: Sequence[OffsetRange]) -> Iterator[li
         consumer.close()
 
 
+def published_decisions(settings: Settings, transaction_ids: set[str]) -> set[str]:
+    """Which of these transactions have a decision's event on the output topic: decided,
+    their dedup record purged since (a decline leaves nothing else behind). Reads the
+    output topic from its start; joins no group, commits nothing."""
+    consumer = Consumer({**client_config(settings), "group.id": f"{settings.group_id}.shadow",
+                         "enable.auto.commit": False, "enable.partition.eof": True})
+    found: set[str] = set()
+    try:
+        topic = settings.output_topic
+        partitions = partitions_of(consumer, topic, None)
+        todo = set()
+        assignment = []
+        for p in partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            if high > low:
+                todo.add(p)
+                assignment.append(TopicPartition(topic, p, low))
+        consumer.assign(assignment)
+        quiet = 0.0
+        while todo:
+            msgs = consumer.consume(500, timeout=1.0)
+            quiet = 0.0 if msgs else quiet + 1.0
+            if quiet >= _QUIET_SECONDS:
+                raise ReplayRefused(f"no message for {_QUIET_SECONDS} s before the end of "
+                                    f"{topic}; is the broker reachable?")
+            for msg in msgs:
+                error = msg.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        todo.discard(msg.partition())
+                        continue
+                    raise ReplayRefused(f"reading {topic}: {error.str()}")
+                try:
+                    event = orjson.loads(msg.value() or b"")
+                except orjson.JSONDecodeError:
+                    continue
+                txn = event.get("transaction_id") if isinstance(event, dict) else None
+                if txn in transaction_ids and event.get("event_type") in _DECISION_EVENTS:
+                    found.add(txn)
+        return found
+    finally:
+        consumer.close()
+
+
 async def rule_version_now(conn: asyncpg.Connection) -> str:
     version = await conn.fetchval(RULE_VERSION)
     if version is None:
@@ -173,7 +236,7 @@ async def classify_messages(conn: asyncpg.Connection, report: ShadowReport,
     async with conn.transaction(isolation="repeatable_read", readonly=True):
         stored = {r["txn_id"]: r for r in await conn.fetch(_DECIDE_AGAIN, ids)}
         missing = [i for i in ids if i not in stored]
-        in_ledger = {r["txn_id"] for r in await conn.fetch(_LEDGER_ONLY, missing)}
+        in_ledger = {r["txn_id"] for r in await conn.fetch(_EFFECT_KEPT, missing)}
         undecided: dict[str, Authorization] = {}
         for auth in valid:
             key = auth.transaction_id
@@ -196,10 +259,13 @@ async def classify_messages(conn: asyncpg.Connection, report: ShadowReport,
             outcomes = await conn.fetch(
                 _DECIDE_NOW, [a.account_id for a in auths],
                 [Decimal(a.amount_text) for a in auths], [a.currency for a in auths],
-                [a.authorization_type.value for a in auths])
+                [a.authorization_type.value for a in auths],
+                [a.original_transaction_id for a in auths])
             for auth, row in zip(auths, outcomes, strict=True):
-                report.would_decide.setdefault(Decision.of(row[0]), []).append(
-                    auth.transaction_id)
+                if row["mismatch"] is not None:
+                    report.dead_lettered_again["LIFECYCLE_MISMATCH"] += 1
+                else:
+                    report.pending[auth.transaction_id] = Decision.of(row["now"])
 
 
 def _compare(report: ShadowReport, transaction_id: str, row: Any) -> None:
@@ -218,7 +284,7 @@ async def classify_transactions(conn: asyncpg.Connection, report: ShadowReport,
     async with conn.transaction(isolation="repeatable_read", readonly=True):
         stored = {r["txn_id"]: r for r in await conn.fetch(_DECIDE_AGAIN, ids)}
         in_ledger = {r["txn_id"] for r in await conn.fetch(
-            _LEDGER_ONLY, [i for i in ids if i not in stored])}
+            _EFFECT_KEPT, [i for i in ids if i not in stored])}
     for key in ids:
         report.first_time(key)
         row = stored.get(key)
@@ -244,6 +310,9 @@ async def shadow(settings: Settings, *, ranges: Sequence[OffsetRange] | None = N
             str(r) for r in ranges if r.end > r.start) or "none"), rule)
         for chunk in read_range(settings, ranges):
             await classify_messages(conn, report, chunk, settings)
+        if report.pending:
+            decided_before = published_decisions(settings, set(report.pending))
+            report.settle_pending(decided_before)
         return report
     finally:
         await conn.close()

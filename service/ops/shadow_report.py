@@ -3,9 +3,10 @@
 Every transaction of the range lands in one group: its stored decision unchanged, changed
 (old → new), not decidable again (decided before inputs were recorded), given no answer by
 the rule now (a broken rule: a replay would stop its partition), decided by a real replay
-now (never decided but valid), or found only in the ledger (dedup record purged, an
-approved one). Messages a replay would dead-letter again (invalid, a conflict with a
-decided transaction, over a limit) are counted per message, by reason.
+now (never decided but valid), or decided with its dedup record purged (its effect kept in
+the ledger or the lifecycle records, or a decline's event on the output topic). Messages a
+replay would dead-letter again (invalid, a conflict with a decided transaction, a lifecycle
+mismatch, over a limit) are counted per message, by reason.
 """
 
 from __future__ import annotations
@@ -50,12 +51,26 @@ class ShadowReport:
     rule_versions: Counter[str] = field(default_factory=Counter)  # of the decided ones
     dead_lettered_again: Counter[str] = field(default_factory=Counter)  # reason → messages
     would_decide: dict[Decision, list[str]] = field(default_factory=dict)
-    ledger_only: list[str] = field(default_factory=list)
+    ledger_only: list[str] = field(default_factory=list)  # effect kept: ledger or lifecycle
+    event_only: list[str] = field(default_factory=list)  # a purged decline: its event kept
     no_answer: list[str] = field(default_factory=list)  # the rule now returns nothing
     unknown: list[str] = field(default_factory=list)  # ids asked for, never decided
     _seen: set[str] = field(default_factory=set, repr=False)
     # Of the transactions never decided: a later message with another payload is a conflict.
     undecided_fingerprints: dict[str, str] = field(default_factory=dict, repr=False)
+    # Found in no table: what the rule decides now, until the output topic says whether a
+    # decision was published for it (``settle_pending``).
+    pending: dict[str, Decision] = field(default_factory=dict, repr=False)
+
+    def settle_pending(self, published: set[str]) -> None:
+        """The pending transactions with a decision's event: decided, their record purged;
+        the others: a replay would decide them."""
+        for txn, decision in self.pending.items():
+            if txn in published:
+                self.event_only.append(txn)
+            else:
+                self.would_decide.setdefault(decision, []).append(txn)
+        self.pending = {}
 
     def first_time(self, transaction_id: str) -> bool:
         """True once per transaction: a transaction sent twice is compared once."""
@@ -79,7 +94,7 @@ class ShadowReport:
     @property
     def decided(self) -> int:
         return (self.unchanged + sum(map(len, self.changed.values())) + len(self.not_recorded)
-                + len(self.no_answer))
+                + len(self.no_answer) + len(self.ledger_only) + len(self.event_only))
 
     @property
     def changed_count(self) -> int:
@@ -111,8 +126,11 @@ class ShadowReport:
             lines.append(f"{'  no answer from the rule now (it is broken)':<46}"
                          f"{len(self.no_answer):>8}  {_examples(self.no_answer)}")
         if self.ledger_only:
-            lines.append(f"{'  dedup record purged, ledger entry kept':<46}"
+            lines.append(f"{'  dedup record purged, its effect kept':<46}"
                          f"{len(self.ledger_only):>8}  {_examples(self.ledger_only)}")
+        if self.event_only:
+            lines.append(f"{'  dedup record purged, its event kept':<46}"
+                         f"{len(self.event_only):>8}  {_examples(self.event_only)}")
         lines.append(f"{'never decided: a replay would decide':<46}"
                      f"{sum(map(len, self.would_decide.values())):>8}")
         for decision, ids in sorted(self.would_decide.items()):
@@ -163,6 +181,7 @@ class ShadowReport:
             "no_answer": {"count": len(self.no_answer), "transaction_ids": self.no_answer},
             "ledger_only": {"count": len(self.ledger_only),
                             "transaction_ids": self.ledger_only},
+            "event_only": {"count": len(self.event_only), "transaction_ids": self.event_only},
             "never_decided": {
                 "dead_letter_again": dict(sorted(self.dead_lettered_again.items())),
                 "decide_now": [{**d.as_json(), "count": len(ids), "transaction_ids": ids}

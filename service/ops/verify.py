@@ -17,9 +17,9 @@ class Check:
     sql: str
 
 
-# The lifecycle's (migration 010). A hold's amount is always accounted for: what remains,
-# what reversals released (at their decision, or as orphans when it was placed), and what
-# its end released.
+# The lifecycle's (docs/lifecycle.md). A hold's amount is always accounted for: what
+# remains, what reversals released (at their decision, or as orphans when it was placed),
+# and what its end released.
 LIFECYCLE_CHECKS = (
     Check(
         "held >= 0 per hold and never more than authorized",
@@ -79,6 +79,25 @@ LIFECYCLE_CHECKS = (
              JOIN ledger_entries p ON p.txn_id = m.original_txn_id AND p.type = 'PURCHASE'
             GROUP BY m.original_txn_id
            HAVING sum(l.amount) > min(-p.amount)""",
+    ),
+    # The orphans an original applies are found, and applied, in the original's decision,
+    # under its account's lock (sql/payauth_authorize.sql): one still waiting while its
+    # original was approved on its account (a purchase posted, a hold placed) lost what it
+    # should have released or credited. (An original declined, or of another account, voids
+    # its orphans and changes nothing: one left waiting by a race with it moved no money.)
+    Check(
+        "no reversal waits although its original has been decided",
+        """SELECT r.txn_id || ' waits for ' || r.original_txn_id || ', decided on '
+                  || r.account_id
+             FROM orphan_reversals r
+            WHERE r.state = 'WAITING'
+              AND (EXISTS (SELECT 1 FROM holds h
+                            WHERE h.txn_id = r.original_txn_id
+                              AND h.account_id = r.account_id AND h.currency = r.currency)
+                   OR EXISTS (SELECT 1 FROM ledger_entries l
+                               WHERE l.txn_id = r.original_txn_id AND l.type = 'PURCHASE'
+                                 AND l.account_id = r.account_id
+                                 AND l.currency = r.currency))""",
     ),
     Check(
         "available below zero only through advices and clearings",

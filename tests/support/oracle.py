@@ -1,8 +1,8 @@
 """A Python model of the decision rules, for tests only: production decides in one place, the
 SQL function ``payauth_decide`` (``sql/payauth_decide.sql``), called by ``payauth_authorize``.
 ``tests/integration/sql/test_payauth_decide.py`` and ``test_payauth_authorize.py`` beside it
-hold the function to this model, rule by rule and on random batches; a disagreement means one of the two is wrong, and the test says
-which batch shows it.
+hold the function to this model, rule by rule and on random batches; a disagreement means
+one of the two is wrong, and the test says which batch shows it.
 """
 
 from __future__ import annotations

@@ -32,11 +32,13 @@ def script(batch: int, accounts: int) -> str:
         8: f"array_fill('msg'::text, ARRAY[{batch}])",
         9: f"array_fill('0'::text, ARRAY[{batch}])",
         10: f"array_fill('0'::text, ARRAY[{batch}])",
+        14: f"array_fill(NULL::text, ARRAY[{batch}])",  # no original_transaction_id
     }
-    values = {number: f"array_to_string({array}, E'\\x1f')" for number, array in arrays.items()}
+    values = {number: f"array_to_string({array}, E'\\x1f', E'\\x1e')"
+              for number, array in arrays.items()}
     values |= {11: "now()", 12: "'pgbench'", 13: "gen_random_uuid()"}
     statement = sql.AUTHORIZE_STATEMENT
-    for number in sorted(values, reverse=True):  # $13 before $1
+    for number in sorted(values, reverse=True):  # $14 before $1
         statement = statement.replace(f"${number}", values[number])
     return "\n".join(["\\set n random(1, 2000000000)", " ".join(statement.split()) + ";", ""])
 

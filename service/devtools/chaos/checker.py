@@ -16,6 +16,11 @@ its one end (``holds.state``/``ended_by`` against the messages that say they end
 database says EXPIRED are taken from it, and held to what an expiry may do (end an active
 hold, release what remained at some point of its life, not before its age; one
 ``HoldExpired`` each).
+
+The output topic alone, each ``event_id`` counted once, must rebuild every account's ledger
+balance (opening + the sum of ``balance_delta``) and held amount (the sum of ``held_delta``)
+as the database has them (``rebuilt_from_events``): what a downstream consumer with no
+access to the database relies on.
 """
 
 from __future__ import annotations
@@ -110,11 +115,15 @@ async def _database(dsn: str, txns: list[str], accounts: list[str]) -> dict[str,
                                   "WHERE ended_hold AND account_id = ANY($1::text[])",
                                   accounts):
             enders[r["original_txn_id"]].append(r["txn_id"])
+        applied = {r["txn_id"]: r["applied"] for r in await conn.fetch(
+            "SELECT txn_id, applied FROM orphan_reversals WHERE state = 'APPLIED' "
+            "AND account_id = ANY($1::text[])", accounts)}
         idle = await conn.fetchval(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
             "AND state LIKE 'idle in transaction%'")
         return {"processed": processed, "ledger": ledger, "amounts": amounts,
-                "balances": balances, "holds": holds, "enders": enders, "idle": idle}
+                "balances": balances, "holds": holds, "enders": enders, "applied": applied,
+                "idle": idle}
     finally:
         await conn.close()
 
@@ -240,10 +249,12 @@ def check(settings: Settings, log_path: Path, *, redis_prefix: str | None = None
     events = Finding("an event for every decided transaction; repeats identical")
     by_txn: dict[str, list[dict[str, Any]]] = defaultdict(list)
     expiries: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for rec in output:
-        event = json.loads(rec.value())
-        (expiries if event["event_type"] == "HoldExpired" else by_txn)[
-            event["transaction_id"]].append(event)
+    applied: dict[str, list[dict[str, Any]]] = defaultdict(list)  # ReversalApplied
+    published = [json.loads(rec.value()) for rec in output]
+    for event in published:
+        kind = event["event_type"]
+        (expiries if kind == "HoldExpired" else applied if kind == "ReversalApplied"
+         else by_txn)[event["transaction_id"]].append(event)
     for txn, row in processed.items():
         seen = by_txn.get(txn)
         if not seen:
@@ -289,6 +300,19 @@ def check(settings: Settings, log_path: Path, *, redis_prefix: str | None = None
                 f"{txn}: published as decided at {seen[0]['processed_at']}, the database's "
                 f"decision is of {event_time(row['processed_at'])}")
     findings.append(announced)
+    findings.append(rebuilt_from_events(published, db["balances"]))
+    applied_events = Finding("a ReversalApplied for every orphan reversal applied, with what "
+                             "it applied; repeats identical")
+    for txn, amount in db["applied"].items():
+        seen = applied.get(txn, [])
+        if not seen:
+            applied_events.violations.append(f"{txn}: applied {amount}, no ReversalApplied")
+        elif any(e != seen[0] for e in seen) or Decimal(seen[0]["amount_applied"]) != amount:
+            applied_events.violations.append(f"{txn}: ReversalApplied events differ or "
+                                             f"disagree with the applied {amount}")
+    applied_events.violations += [f"{txn}: ReversalApplied for no applied reversal"
+                                  for txn in applied if txn not in db["applied"]]
+    findings.append(applied_events)
 
     # --- Redis: a key only for a committed row
     cache = Finding("every Redis dedup key has a committed database row")
@@ -327,6 +351,38 @@ def check(settings: Settings, log_path: Path, *, redis_prefix: str | None = None
         "holds reversed": ends["reversed"], "holds cleared": ends["cleared"],
         "holds still active": ends["active"],
         "orphan reversals still waiting": model.orphans_waiting})
+
+
+def rebuilt_from_events(events: list[dict[str, Any]], balances: dict[str, Any]) -> Finding:
+    """Every account's balance and held amount rebuilt from the events alone, as a
+    downstream consumer would (each ``event_id`` once, its repeats identical), against the
+    database (``balances``: the accounts' rows, with their opening balances)."""
+    finding = Finding("the events alone rebuild every balance and held amount (each event_id "
+                      "once)")
+    first: dict[str, dict[str, Any]] = {}
+    moved: dict[str, list[Decimal]] = defaultdict(lambda: [Decimal(0), Decimal(0)])
+    for event in events:
+        seen = first.setdefault(event["event_id"], event)
+        if seen is not event:
+            if seen != event:
+                finding.violations.append(f"event {event['event_id']} "
+                                          f"({event['transaction_id']}) repeated otherwise")
+            continue
+        if "balance_delta" not in event or "held_delta" not in event:
+            finding.violations.append(f"{event['event_type']} {event['transaction_id']}: "
+                                      "no balance_delta or held_delta")
+            continue
+        totals = moved[event["account_id"]]
+        totals[0] += Decimal(event["balance_delta"])
+        totals[1] += Decimal(event["held_delta"])
+    for account, row in balances.items():
+        balance, held = moved.get(account, (Decimal(0), Decimal(0)))
+        rebuilt = (row["opening_balance"] + balance, held)
+        if rebuilt != (row["balance"], row["held"]):
+            finding.violations.append(
+                f"{account}: the events rebuild balance/held {rebuilt[0]}/{rebuilt[1]}, the "
+                f"database has {row['balance']}/{row['held']}")
+    return finding
 
 
 def expected_txns(log: list[dict[str, Any]]) -> set[str]:

@@ -3,11 +3,12 @@ with lifecycles and expiry runs (two at once) among them; and it catches a plant
 (the negative control: a worker that writes the Redis key before the database COMMIT and
 dies in between), a reversal's release applied twice and a hold ended twice (negative
 controls: each written behind the decision function's back into a correct run's
-database)."""
+database), and an event whose delta was dropped (the run's own events, one changed)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import threading
 import time
@@ -18,7 +19,13 @@ import asyncpg
 from pydantic import SecretStr
 
 from service.config import Settings
-from service.devtools.chaos.checker import Report, check, read_log
+from service.devtools.chaos.checker import (
+    Report,
+    check,
+    read_all,
+    read_log,
+    rebuilt_from_events,
+)
 from service.devtools.chaos.expiry import ExpiryRuns
 from service.devtools.chaos.generator import LoadGenerator, seed_accounts
 from tests.support import stack
@@ -234,3 +241,34 @@ def test_negative_control_a_hold_ended_twice_is_reported(env, spawn_worker, tmp_
     assert hold.startswith(f"CH-{run}-"), hold
     wrong = failed(check(settings_for(env), log, redis_prefix=f"CH-{run}-"))
     assert any(v.startswith(f"{hold}: expired, and ended by") for v in wrong[HOLDS]), wrong
+
+
+def test_negative_control_an_event_whose_delta_was_dropped_is_caught(env, spawn_worker,
+                                                                     tmp_path) -> None:
+    """The events of a correct lifecycle run (expiries and orphans among them) rebuild every
+    balance and held amount; the same events with one delta dropped do not, and the account
+    it belongs to is named."""
+    log, run = lifecycle_run(env, spawn_worker, tmp_path, expiry=True)
+    report = check(settings_for(env), log, redis_prefix=f"CH-{run}-")
+    assert report.ok, report.render()
+    events = [json.loads(r.value()) for r in read_all(settings_for(env), env.output_topic)]
+    kinds = {e["event_type"] for e in events}
+    assert {"PaymentAuthorized", "PaymentReversed", "PaymentCleared", "HoldExpired"} <= kinds
+    accounts = asyncio.run(_balances(env.dsn))
+    assert rebuilt_from_events(events, accounts).ok
+    for field in ("balance_delta", "held_delta"):
+        victim = next(e for e in events if e[field] not in ("0.00", "0"))
+        dropped = [{**e, field: "0.00"} if e is victim else e for e in events
+                   if e["event_id"] != victim["event_id"] or e is victim]
+        finding = rebuilt_from_events(dropped, accounts)
+        assert [v.split(":")[0] for v in finding.violations] == [victim["account_id"]], field
+
+
+async def _balances(dsn: str) -> dict[str, asyncpg.Record]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return {r["account_id"]: r for r in await conn.fetch(
+            "SELECT b.account_id, a.opening_balance, b.balance, b.held "
+            "FROM account_balances b JOIN accounts a USING (account_id)")}
+    finally:
+        await conn.close()

@@ -24,3 +24,26 @@ def test_verify_passes_then_names_a_balance_that_does_not_add_up(env: stack.Env)
     failed = [line for line in broken.stdout.splitlines() if line.startswith("FAIL")]
     assert len(failed) == 1 and "balance = opening balance + ledger" in failed[0]
     assert account in failed[0]
+
+
+def test_verify_names_a_reversal_left_waiting_for_an_original_decided_on_its_account(
+        env: stack.Env) -> None:
+    """What a purchase's batch that missed a waiting orphan left (the reversal's credit
+    lost, the balance 90.00 where the contract says 100.00): every other invariant holds,
+    this one names the reversal."""
+    account = f"ACC-{uuid.uuid4().hex[:8]}"
+    asyncio.run(stack.seed_accounts(env.dsn, [(account, "100.00", "EUR")]))
+    stack.fetch(env.dsn, """
+        WITH o AS (INSERT INTO orphan_reversals (txn_id, original_txn_id, account_id, currency,
+                                                 amount, state)
+                   VALUES ('R1', 'X1', $1, 'EUR', 10, 'WAITING') RETURNING 1),
+             l AS (INSERT INTO ledger_entries (txn_id, account_id, amount, currency, type,
+                                               created_at)
+                   VALUES ('X1', $1, -10, 'EUR', 'PURCHASE', now()) RETURNING 1)
+        UPDATE accounts SET balance = 90 WHERE account_id = $1 RETURNING 1""", account)
+    broken = payauth(env, "verify")
+    assert broken.returncode == 1
+    failed = [line for line in broken.stdout.splitlines() if line.startswith("FAIL")]
+    assert len(failed) == 1, broken.stdout
+    assert "no reversal waits although its original has been decided" in failed[0]
+    assert "R1 waits for X1" in failed[0]
