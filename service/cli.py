@@ -246,7 +246,7 @@ def _cmd_purge(settings: Settings, args: argparse.Namespace) -> int:
     deleted = asyncio.run(purge_command(settings, batch_size=args.batch_size,
                                         pause_seconds=args.pause))
     print(f"purge: deleted {deleted} dedup record(s) older than "
-          f"{settings.dedup_retention_hours} h")
+          f"{settings.dedup_retention_hours:g} h")
     return 0
 
 

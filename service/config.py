@@ -72,7 +72,7 @@ class Settings(BaseSettings):
     redis_sentinel_master: str = Field(default="", validate_default=True)
     redis_sentinel_password: SecretStr = SecretStr("")  # the Sentinels' own, if they ask
     dedup_ttl_seconds: int = Field(default=86_400, ge=1)
-    dedup_retention_hours: int = Field(default=72, ge=1)
+    dedup_retention_hours: float = Field(default=72, gt=0)
     # In-worker retention: every replica tries, an advisory lock lets one purge at a time.
     # 0 disables it (run `payauth purge` from a CronJob instead).
     purge_interval_seconds: int = Field(default=3_600, ge=0)

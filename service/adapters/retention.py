@@ -16,12 +16,12 @@ log = structlog.get_logger(__name__)
 
 
 def _delete_expired(table: str, key: str, age: str) -> str:
-    """One bounded batch of ``table``'s rows older than the window ($1 hours, $2 rows); the
-    names are this module's constants, never input."""
+    """One bounded batch of ``table``'s rows older than the window ($1 hours, fractions
+    allowed; $2 rows); the names are this module's constants, never input."""
     return f"""
 DELETE FROM {table}
  WHERE {key} IN (SELECT {key} FROM {table}
-                  WHERE {age} < now() - make_interval(hours => $1)
+                  WHERE {age} < now() - $1::float8 * interval '1 hour'
                   ORDER BY {age}
                   LIMIT $2
                     FOR UPDATE SKIP LOCKED)
@@ -42,7 +42,7 @@ _PURGE_LOCK = 0x7061_7970_7572_6765  # "paypurge"
 async def purge(
     conn: asyncpg.Connection,
     *,
-    retention_hours: int,
+    retention_hours: float,
     batch_size: int = 5_000,
     max_batches: int | None = None,
     pause_seconds: float = 0.0,
@@ -81,7 +81,7 @@ async def purge(
     return total
 
 
-async def purge_once(dsn: str, *, retention_hours: int, batch_size: int = 5_000,
+async def purge_once(dsn: str, *, retention_hours: float, batch_size: int = 5_000,
                      pause_seconds: float = 0.0, connect_timeout: float = 60) -> int:
     """``purge`` on a connection of its own, closed afterwards."""
     conn = await asyncpg.connect(dsn, timeout=connect_timeout)

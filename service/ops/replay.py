@@ -146,7 +146,8 @@ def _timestamp_at(settings: Settings, partition: int, offset: int, high: int) ->
         reader.close()
 
 
-def check_window(plans: list[PartitionPlan], retention_hours: int, *, now: datetime) -> None:
+def check_window(plans: list[PartitionPlan], retention_hours: float, *, now: datetime
+                 ) -> None:
     horizon = now - timedelta(hours=retention_hours)
     too_old = [p for p in plans if p.to_reread and p.first_timestamp is not None
                and p.first_timestamp < horizon]
@@ -155,7 +156,7 @@ def check_window(plans: list[PartitionPlan], retention_hours: int, *, now: datet
         raise ReplayRefused(
             f"refusing: partition(s) {', '.join(str(p.partition) for p in too_old)} would re-read "
             f"messages from {oldest.isoformat(timespec='seconds')}, older than the dedup "
-            f"retention window of {retention_hours} h (PAYAUTH_DEDUP_RETENTION_HOURS); "
+            f"retention window of {retention_hours:g} h (PAYAUTH_DEDUP_RETENTION_HOURS); "
             f"pass --force if you accept that purged transactions are decided again"
         )
 

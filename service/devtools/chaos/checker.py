@@ -144,9 +144,12 @@ def _redis(settings: Settings) -> redis.Redis:
 
 
 def check(settings: Settings, log_path: Path, *, redis_prefix: str | None = None,
-          hold_expiry_hours: float | None = None) -> Report:
+          hold_expiry_hours: float | None = None,
+          purged: dict[str, dict[str, Any]] | None = None) -> Report:
     """``hold_expiry_hours``: the run's ``PAYAUTH_HOLD_EXPIRY_HOURS``, below which no hold
-    may have expired (None: not checked)."""
+    may have expired (None: not checked). ``purged``: the dedup records ``payauth purge``
+    may have deleted during the run, as they were read just before it (a superset of what
+    it deleted): decisions all the same, held to everything a record still there is."""
     log = read_log(log_path)
     dsn = settings.database_url.get_secret_value()
     dlq = read_all(settings, settings.dlq_topic)
@@ -156,7 +159,7 @@ def check(settings: Settings, log_path: Path, *, redis_prefix: str | None = None
     txns = sorted({m["txn"] for m in log if m["txn"]}
                   | {json.loads(rec.value())["transaction_id"] for rec in output})
     db = asyncio.run(_database(dsn, txns, sorted({m["key"] for m in log})))
-    processed, ledger = db["processed"], db["ledger"]
+    processed, ledger = {**(purged or {}), **db["processed"]}, db["ledger"]
     model = implied_by(log)
 
     findings: list[Finding] = []

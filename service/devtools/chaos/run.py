@@ -1,8 +1,8 @@
 """``make chaos``: a bounded, self-stopping fault-injection run with the invariant checker.
 
 Over 400 lines: the fault catalogue (one small function per kind, two lanes) and the run's
-supervision share the run's state; the generator, the checker and the TCP proxy are modules
-of their own.
+supervision share the run's state; the generator, the checker, the TCP proxy and the
+purges are modules of their own.
 
 Three workers in one group on the local stack; a load generator with a ground-truth log
 (purchases, refunds and declines, and lifecycles among them: holds, advices, reversals,
@@ -10,11 +10,13 @@ clearings, orphans; see lifecycles.py); ``payauth holds expire --execute`` every
 while faults strike, two at once sometimes (expiry.py); two lanes of seeded, random faults
 (workers: kill -9, kill -9 at the commit points, SIGTERM, SIGSTOP past the poll interval, a
 member joining mid-batch, a planned rollback; services: Redis stopped/flushed/restarted,
-PostgreSQL restarted/paused/unreachable, the Kafka broker restarted). Then faults (and the
-expiry runs) stop, the load runs on 15 s past the last one (a fault that ran late still
-strikes under load), lag drains to zero, a last expiry run publishes what the others left
-in its outbox, the checker runs and a table is printed.
-Exit 1 on any violation.
+PostgreSQL restarted/paused/unreachable, the Kafka broker restarted, ``payauth purge`` with
+a retention window of minutes, so that redeliveries and lifecycles meet purged records;
+purges.py). Then faults (and the expiry runs) stop, the load runs on 15 s past the last one
+(a fault that ran late still strikes under load), lag drains to zero, a last expiry run
+publishes what the others left in its outbox, the checker runs, ``payauth replay --shadow
+--to-earliest`` must find that deciding the whole stream again changes nothing, and a table
+is printed. Exit 1 on any violation.
 
     CHAOS_SECONDS (default 240)  CHAOS_SEED (default 1)  CHAOS_RATE new transactions/s (100)
     CHAOS_FAULTS_PER_KIND (default max(5, CHAOS_SECONDS // 60))
@@ -23,6 +25,7 @@ Exit 1 on any violation.
     CHAOS_ORPHAN_PURCHASE_REVERSALS (1): 0 sends no reversal of a purchase before it
     CHAOS_LIFECYCLE_SHARE (0.08): the share of the generator's steps that start a lifecycle
     CHAOS_MAX_BATCH_SIZE (unset: the worker's default): the workers' PAYAUTH_MAX_BATCH_SIZE
+    CHAOS_RETENTION_SECONDS (120): the run's PAYAUTH_DEDUP_RETENTION_HOURS, in seconds
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ from service.devtools.chaos.gaps import CommitObserver, Gap, gaps_by_kind
 from service.devtools.chaos.gaps import render as render_gaps
 from service.devtools.chaos.generator import LoadGenerator, seed_accounts
 from service.devtools.chaos.proxy import TcpProxy
+from service.devtools.chaos.purges import Purges, shadow_replay
 from service.devtools.processes import ROOT, WorkerProcess
 
 STACK = ROOT / "deploy/local/stack.sh"
@@ -215,6 +219,7 @@ class Chaos:
         self.orphan_purchase_reversals = \
             os.environ.get("CHAOS_ORPHAN_PURCHASE_REVERSALS", "1") == "1"
         self.lifecycle_share = float(os.environ.get("CHAOS_LIFECYCLE_SHARE", "0.08"))
+        self.retention_seconds = float(os.environ.get("CHAOS_RETENTION_SECONDS", "120"))
         self.expiry: ExpiryRuns | None = None
         self.kafka_ours = (ROOT / ".stack/kafka/kafka.pid").exists()
 
@@ -244,6 +249,8 @@ class Chaos:
             "PAYAUTH_REDIS_URL": f"redis://127.0.0.1:{self.redis.port}/0",
         })
         self.supervisor = Supervisor(env, self.out / "workers")
+        self.purges = Purges(self.dsn, {**env, "PAYAUTH_DATABASE_URL": self.dsn},
+                             self.retention_seconds, self.out / "purges")
 
     def worker_env(self, where: dict[str, str]) -> dict[str, str]:
         """The workers' environment: ``where`` the services are, this run's names, and
@@ -267,6 +274,7 @@ class Chaos:
             "PAYAUTH_RETRY_BACKOFF_MAX_MS": "2000",
             "PAYAUTH_PURGE_INTERVAL_SECONDS": "0",
             "PAYAUTH_HOLD_EXPIRY_HOURS": repr(self.hold_expiry_seconds / 3600),
+            "PAYAUTH_DEDUP_RETENTION_HOURS": repr(self.retention_seconds / 3600),
         })
         if os.environ.get("CHAOS_MAX_BATCH_SIZE"):
             env["PAYAUTH_MAX_BATCH_SIZE"] = os.environ["CHAOS_MAX_BATCH_SIZE"]
@@ -371,12 +379,17 @@ class Chaos:
             "redis_restarted": redis_restart,
             "postgres_paused": outage(self.proxy.pause, self.proxy.resume, 6),
             "postgres_unreachable": outage(self.proxy.cut, self.proxy.restore, 5),
+            "dedup_purged": self.purge,
         }
         if self.pg_ours:
             faults["postgres_restarted"] = lambda: _stack("restart-postgres")
         if self.kafka_ours:
             faults["kafka_broker_restarted"] = lambda: _stack("restart-kafka")
         return faults
+
+    def purge(self) -> None:
+        if self.purges.run_once() != 0:
+            self.errors.append("a payauth purge run failed")
 
     def landed(self, kind: str) -> None:
         """A fault that looks before it strikes (which node leads, which is primary) calls
@@ -477,7 +490,14 @@ class Chaos:
         observer.stop()
         self.supervisor.stop()
         report = check(self.worker_settings, truth, redis_prefix=f"CH-{self.run}-",
-                       hold_expiry_hours=self.hold_expiry_seconds / 3600)
+                       hold_expiry_hours=self.hold_expiry_seconds / 3600,
+                       purged=self.purges.snapshot)
+        shadow = shadow_replay(self.purges.env, self.out / "shadow.txt")
+        log(f"shadow replay of the whole stream: exit {shadow}")
+        if shadow != 0:
+            self.errors.append(f"payauth replay --shadow --to-earliest exited {shadow}: "
+                               "deciding the stream again would change something "
+                               f"({self.out / 'shadow.txt'})")
         ok = caught_up and report.ok and not generator.failed and not self.errors
         writes = [(m["acked"], m["partition"], m["offset"]) for m in read_log(truth)]
         text = self.table(generator.sent, report, generator.failed,
@@ -541,6 +561,7 @@ class Chaos:
                       for k, v in sorted(self.expiry.outcomes.items())]
             lines += [f"  {'holds expire, two at once':<32}{self.expiry.concurrent:>10}",
                       f"  {'holds ended by runs exiting 0':<32}{self.expiry.ended:>10}"]
+        lines.append(f"  {'dedup records purged':<32}{self.purges.deleted:>10}")
         lines += ["", "duplicates caught per layer (as scraped before each exit)", "-" * 44]
         for layer in ("redis", "postgres"):
             key = 'payauth_duplicates_total{layer="' + layer + '"}'

@@ -156,3 +156,63 @@ def test_shadow_replay_says_which_decisions_it_cannot_decide_again(env, spawn_wo
     assert report["inputs_not_recorded"] == {"count": 1, "transaction_ids": [ids[0]]}
     assert report["unchanged"] == 2 and report["unknown_transaction_ids"] == ["NOPE-1"]
     assert payauth(env, "replay", "--shadow", "--execute", "--to-earliest").returncode == 2
+
+
+def test_shadow_replay_agrees_with_the_worker_on_every_kind(env, spawn_worker, tmp_path) -> None:
+    """Lifecycle messages, messages the worker dead-lettered LIFECYCLE_MISMATCH (an original
+    that cannot be named, an advice or clearing in another currency than its account's),
+    and decisions whose dedup records were purged (lifecycle ones kept in their records, a
+    purchase in the ledger, a decline by its event): deciding the stream again with the code
+    unchanged changes nothing."""
+    eur, other = f"ACC-E-{uuid.uuid4().hex[:6]}", f"ACC-O-{uuid.uuid4().hex[:6]}"
+    _seed(env, [(eur, "100.00", "EUR"), (other, "100.00", "EUR")])
+    tag = uuid.uuid4().hex[:6]
+
+    def lifecycle(txn: str, kind: str, amount: str, original: str | None = None,
+                  account: str = eur, currency: str = "EUR") -> dict[str, Any]:
+        extra = {} if original is None else {"original_transaction_id": original}
+        return auth_message(f"{txn}-{tag}", account_id=account, amount=amount,
+                            currency=currency, authorization_type=kind,
+                            **({k: f"{v}-{tag}" for k, v in extra.items()}))
+
+    stream = [
+        lifecycle("HOLD", "AUTHORIZATION", "30.00"),
+        lifecycle("REV", "REVERSAL", "10.00", "HOLD"),
+        lifecycle("ORPHAN", "REVERSAL", "5.00", "LATER"),  # before its original
+        lifecycle("LATER", "AUTHORIZATION", "20.00"),
+        lifecycle("CLR", "CLEARING", "25.00", "HOLD"),
+        lifecycle("BUY", "PURCHASE", "10.00"),
+        lifecycle("TOO-MUCH", "PURCHASE", "900.00"),  # declined
+        lifecycle("REFUND", "REFUND", "1.00"),
+        # Dead-lettered LIFECYCLE_MISMATCH by the worker:
+        lifecycle("CLR-OF-BUY", "CLEARING", "10.00", "BUY"),  # a purchase posted already
+        lifecycle("REV-OF-REFUND", "REVERSAL", "1.00", "REFUND"),
+        lifecycle("REV-ELSEWHERE", "REVERSAL", "1.00", "HOLD", account=other),
+        lifecycle("ADVICE-USD", "ADVICE", "5.00", currency="USD"),
+        lifecycle("CLR-USD", "CLEARING", "5.00", currency="USD"),
+    ]
+    _send(env, stream)
+    spawn_worker(env)
+    wait_caught_up(env.group_id, env.input_topic, env.partitions)
+    dead = stack.read_topic(env.dlq_topic, expect=5)
+    assert sorted(dict(r.headers())["error.reason"].decode() for r in dead) == \
+        ["LIFECYCLE_MISMATCH"] * 5
+
+    code, report, screen = _shadow(env, tmp_path, "--to-earliest")
+    assert code == 0, screen
+    assert report["never_decided"]["dead_letter_again"] == {"LIFECYCLE_MISMATCH": 5}
+    assert report["never_decided"]["decide_now"] == []
+
+    # The dedup records purged (their time set past the window, as an administrator may):
+    # the lifecycle messages' effect is kept in their records, the purchase's in the ledger,
+    # the decline leaves only its event.
+    stack.fetch(env.dsn, "UPDATE processed_transactions "
+                         "SET processed_at = now() - interval '1000 hours' RETURNING 1")
+    assert payauth(env, "purge").returncode == 0
+    assert stack.fetch(env.dsn, "SELECT count(*) AS n FROM processed_transactions")[0]["n"] == 0
+    code, report, screen = _shadow(env, tmp_path, "--to-earliest")
+    assert code == 0, screen
+    assert report["never_decided"]["decide_now"] == []
+    assert report["event_only"]["transaction_ids"] == [f"TOO-MUCH-{tag}"]
+    assert len(report["ledger_only"]["transaction_ids"]) == 8 - 1
+    assert "nothing would change" in screen
