@@ -82,7 +82,7 @@ dedup_retention_seconds = Gauge(
     "PAYAUTH_DEDUP_RETENTION_HOURS, in seconds (what the alert compares the oldest with).",
     registry=REGISTRY,
 )
-# The lifecycle (migration 010), read from the database now and then by each worker (all
+# The lifecycle (docs/lifecycle.md), read from the database now and then by each worker (all
 # replicas report the same values: aggregate with max, not sum).
 holds_active = Gauge(
     "payauth_holds_active",

@@ -9,8 +9,8 @@
 -- never declined (what it releases is capped by what remains). ADVICE and CLEARING are
 -- never declined past the available balance nor for the account's status, only for an
 -- unknown account or another currency than the account's (a hold or a posting in another
--- currency cannot be netted against it; payauth_lifecycle_each dead-letters those as
--- LIFECYCLE_MISMATCH before asking the rule).
+-- currency cannot be netted against it; payauth_mismatch dead-letters those as
+-- LIFECYCLE_MISMATCH before the rule is asked).
 --
 -- A one-expression SQL function: the planner inlines it into the callers' loops.
 CREATE OR REPLACE FUNCTION payauth_decide(

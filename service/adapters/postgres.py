@@ -86,8 +86,9 @@ UPDATE durability_barrier SET touched_at = now() WHERE slot = pg_backend_pid() %
 # A record never confirmed published is published again, every event of it the same as the
 # first time: its deltas as the decision answered them (sql/payauth_authorize.sql: a
 # REVERSAL credited a purchase back when it wrote a ledger entry of its own, else released
-# what it applied from a hold; a hold placed counts whole) and the orphan reversals its
-# arrival applied, in the order they were applied. A purchase's or refund's deltas follow
+# what it applied from a hold; an orphan changed nothing when it came, whatever its
+# original's arrival wrote under its id since; a hold placed counts whole) and the orphan
+# reversals its arrival applied, in the order they were applied. A purchase's or refund's deltas follow
 # from its kind and amount (NULL here: service/domain/events.py).
 _LOAD_STORED = f"""
 SELECT p.txn_id, p.fingerprint, p.result, p.decline_reason, p.account_id,
@@ -103,7 +104,7 @@ SELECT p.txn_id, p.fingerprint, p.result, p.decline_reason, p.account_id,
   LEFT JOIN LATERAL (
        SELECT (CASE WHEN p.result <> 'APPROVED' THEN 0
                     WHEN p.authorization_type = 'CLEARING' THEN -p.amount
-                    WHEN p.authorization_type = 'REVERSAL'
+                    WHEN p.authorization_type = 'REVERSAL' AND NOT coalesce(p.orphan, false)
                         THEN coalesce((SELECT l.amount FROM ledger_entries l
                                         WHERE l.txn_id = p.txn_id), 0)
                     ELSE 0 END)::text AS balance_delta,

@@ -48,7 +48,7 @@ class StoredResult:
     # tells a duplicate's cause.
     source_partition: int | None = None
     message_id: str | None = None
-    # The lifecycle kinds (migration 010): what a REVERSAL or CLEARING named, and what each
+    # The lifecycle kinds (docs/lifecycle.md): what a REVERSAL or CLEARING named, and what each
     # kind applied (released, credited back, or placed as a hold), as its event says.
     original_transaction_id: str | None = None
     amount_applied_text: str | None = None

@@ -9,7 +9,7 @@ first and last). Read-only: the least-privilege worker role's SELECT grants are 
 A transaction whose dedup record was purged after the retention window is still explained
 from its ledger entry (approved ones only: a declined one leaves no ledger entry).
 
-The lifecycle kinds (migration 010), from their never-purged rows: a hold's whole life
+The lifecycle kinds (docs/lifecycle.md), from their never-purged rows: a hold's whole life
 (placed, reversals waiting for it and applied when it came, each reversal or clearing that
 named it, its end and what the end released, the HoldExpired publication); a REVERSAL's or
 CLEARING's original and what it applied; an orphan reversal's wait.
@@ -193,7 +193,7 @@ class Explanation:
 
 
 def _inputs(d: dict[str, Any]) -> str:
-    """What the decision read, as migration 007 records it."""
+    """What the decision read, as the batch statement records it beside the decision."""
     if d["rule_version"] is None:
         return "not recorded (decided by a version before decision inputs were kept)"
     if d["input_balance"] is None:

@@ -3,11 +3,11 @@
 
 Dry run by default: lists what would end, changes nothing. ``--execute``, in this order:
 
-1. ``payauth_expire_holds`` (migration 010), one transaction per chunk: lock the holds'
-   accounts in the order every writer uses, end each hold still ACTIVE (a hold a clearing
-   or another run ended meanwhile is skipped), release what it kept. The age is
-   ``now()`` of that transaction against the hold's ``placed_at``, both the database's
-   clock: a host whose clock runs ahead ends nothing early.
+1. ``payauth_expire_holds`` (``sql/payauth_expire_holds.sql``), one transaction per chunk:
+   lock the holds' accounts in the order every writer uses, end each hold still ACTIVE (a
+   hold a clearing or another run ended meanwhile is skipped), release what it kept. The
+   age is ``now()`` of that transaction against the hold's ``placed_at``, both the
+   database's clock: a host whose clock runs ahead ends nothing early.
 2. Publish a ``HoldExpired`` for every expired hold whose ``expiry_published_at`` is still
    NULL (the outbox: the ones this run ended, and any a run before it ended but could not
    publish), and wait for Kafka's acknowledgements.

@@ -4,7 +4,7 @@ replay, moving no money and writing nothing.
 A replay re-reads messages, but a decided transaction is a duplicate and keeps its stored
 result. So after a fix to the rule, the question is which stored decisions the rule now
 decides otherwise. Each decision keeps the inputs it read (the account's balance, status
-and currency, and the rule's version: ``migrations/007_decision_inputs.sql``); the shadow
+and currency, and the rule's version: ``sql/payauth_decide.sql``); the shadow
 replay calls ``payauth_decide`` as the database has it now on those inputs and compares.
 
 Each transaction is decided again alone, on its own stored inputs: when an earlier decision

@@ -1,15 +1,21 @@
-"""The lifecycle's rules at the edges of the purchase path (migration 011): an orphan
-reversal of a PURCHASE applied when the purchase arrives, whichever statement decides the
-purchase's batch; an ADVICE or CLEARING that cannot be netted against its account
-dead-lettered, never declined. Through a real worker, checked in the database and on the
-topics."""
+"""The lifecycle's rules at the edges of the purchase path (sql/payauth_authorize_each.sql):
+an orphan reversal of a PURCHASE applied when the purchase arrives, whether it comes in a
+batch of its own or with its orphans; an ADVICE or CLEARING that cannot be netted against
+its account dead-lettered, never declined. Through a real worker, checked in the database
+and on the topics."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from decimal import Decimal
 
+from service.adapters.postgres import PostgresStore
+from service.domain.events import encode_event, events_of
+from service.domain.messages import Authorization, decode_authorization
 from tests.support import lifecycle as lc
 from tests.support import stack
+from tests.support.factory import encode
 from tests.support.workers import payauth
 
 
@@ -96,3 +102,49 @@ def test_an_advice_or_clearing_that_cannot_be_netted_is_dead_lettered(env,
     decided = stack.fetch(env.dsn, "SELECT txn_id FROM processed_transactions")
     assert {r["txn_id"] for r in decided} == {t["adv_nobody"], t["hold"]}
     lc.verified(env)
+
+
+def test_a_republication_carries_what_the_first_publication_did(env) -> None:
+    """Every event of a decision never confirmed published is published again the same, bytes
+    and all, from what the store kept: the deltas of each kind and the orphans a decision
+    applied, even after what came since wrote under the same transaction ids (an orphan
+    reversal's credit is written under its id when its purchase arrives)."""
+    t = lc.names("x", "rx", "h", "rh", "rh2", "c", "buy", "rbuy", "adv", "acc")
+    acc = t["acc"]
+    lc.seed(env, (acc, "500.00"))
+
+    def auth(txn: str, kind: str, amount: str, original: str | None = None) -> Authorization:
+        return decode_authorization(encode(lc.msg(txn, kind, acc, amount, original)))
+
+    batches = [
+        [auth(t["rx"], "REVERSAL", "4.00", t["x"]), auth(t["rh"], "REVERSAL", "3.00", t["h"])],
+        [auth(t["x"], "PURCHASE", "10.00"), auth(t["h"], "AUTHORIZATION", "50.00")],
+        [auth(t["rh2"], "REVERSAL", "5.00", t["h"]), auth(t["c"], "CLEARING", "60.00", t["h"]),
+         auth(t["buy"], "PURCHASE", "20.00"), auth(t["rbuy"], "REVERSAL", "8.00", t["buy"]),
+         auth(t["adv"], "ADVICE", "700.00")],
+    ]
+
+    async def scenario() -> tuple[list[bytes], list[bytes]]:
+        store = await PostgresStore.connect(env.dsn)
+        try:
+            first: list[bytes] = []
+            for batch in batches:
+                decided = await store.authorize(batch, source_topic="t",
+                                                source_partitions=[0] * len(batch),
+                                                source_offsets=list(range(len(batch))))
+                first += [encode_event(e) for r in decided for e in events_of(r)]
+            stored = await store.load_stored([a.transaction_id for b in batches for a in b])
+            again = [encode_event(e) for b in batches for a in b
+                     for e in events_of(stored[a.transaction_id])]
+            return first, again
+        finally:
+            await store.close()
+
+    first, again = asyncio.run(scenario())
+    assert again == first
+    applied = [json.loads(e) for e in first if b'"ReversalApplied"' in e]
+    assert [(e["transaction_id"], e["balance_delta"], e["held_delta"]) for e in applied] == [
+        (t["rx"], "4.00", "0.00"), (t["rh"], "0.00", "-3.00")]
+    orphan = next(json.loads(e) for e in again if json.loads(e)["transaction_id"] == t["rx"]
+                  and b"PaymentReversed" in e)
+    assert (orphan["balance_delta"], orphan["held_delta"]) == ("0.00", "0.00")

@@ -340,7 +340,7 @@ class Bench:
 
     def phase_lifecycle(self) -> None:
         """One worker, the same settings as over the purchase backlog, over a backlog of holds
-        and their endings (``lifecycle.py``), decided by ``payauth_lifecycle``; the rate is
+        and their endings (``lifecycle.py``), decided by ``payauth_authorize``; the rate is
         counted as the backlog's (messages decided a second, 10 % to 90 %). Then every hold
         must have ended as its messages say: none active, a third reversed."""
         topic = self.topic("life")

@@ -12,9 +12,8 @@ credit), and advices, reversals and clearings are never declined on a known acco
 its currency.
 
 ``orphan_purchase_reversals`` (on by default): also send a REVERSAL of a PURCHASE before
-the purchase. The contract applies it when the purchase arrives (a credit, migration 011);
-a schema that kept it waiting instead (migration 010) shows in the checker as a balance
-off by that credit.
+the purchase. The contract applies it when the purchase arrives (a credit); one kept
+waiting instead shows in the checker as a balance off by that credit.
 """
 
 from __future__ import annotations
