@@ -88,8 +88,8 @@ UPDATE durability_barrier SET touched_at = now() WHERE slot = pg_backend_pid() %
 # REVERSAL credited a purchase back when it wrote a ledger entry of its own, else released
 # what it applied from a hold; an orphan changed nothing when it came, whatever its
 # original's arrival wrote under its id since; a hold placed counts whole) and the orphan
-# reversals its arrival applied, in the order they were applied. A purchase's or refund's deltas follow
-# from its kind and amount (NULL here: service/domain/events.py).
+# reversals its arrival applied, in the order they were applied. A purchase's or refund's
+# deltas follow from its kind and amount (NULL here: service/domain/events.py).
 _LOAD_STORED = f"""
 SELECT p.txn_id, p.fingerprint, p.result, p.decline_reason, p.account_id,
        p.amount::text AS amount_text, p.currency, p.authorization_type, p.correlation_id,

@@ -12,7 +12,7 @@ import sys
 
 import asyncpg
 
-from service.devtools.chaos.checker import rebuilt_from_events
+from service.devtools.chaos.rebuild import rebuilt_from_events
 from tests.support import stack
 from tests.support.workers import payauth
 

@@ -1,7 +1,8 @@
 """Every repository path the README, ``docs/``, ``ARCHITECTURE.md`` and the code's comments cite
 exists: a reader sent to a file finds it (a rule moved, a test renamed, a module split fail
 here, not in a reader's hands). A cited pattern (``tests/integration/sql/test_payauth_*.py``,
-``migrations/NNN_*.sql``) must match at least one file."""
+``migrations/NNN_*.sql``, ``tests/unit/ops/test_COMMAND.py``) must match at least one
+file."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ def _sources() -> list[Path]:
 
 
 def _exists(cited: str) -> bool:
-    path = cited.rstrip("/.").replace("NNN", "*")  # NNN: a migration's number
+    # A word in capitals is a placeholder: NNN (a migration's number), MODULE, COMMAND.
+    path = re.sub(r"[A-Z]{3,}", "*", cited.rstrip("/."))
     if "*" in path:
         return any(ROOT.glob(path))
     return (ROOT / path).exists()

@@ -18,9 +18,8 @@ hold, release what remained at some point of its life, not before its age; one
 ``HoldExpired`` each).
 
 The output topic alone, each ``event_id`` counted once, must rebuild every account's ledger
-balance (opening + the sum of ``balance_delta``) and held amount (the sum of ``held_delta``)
-as the database has them (``rebuilt_from_events``): what a downstream consumer with no
-access to the database relies on.
+balance and held amount as the database has them (rebuild.py): what a downstream consumer
+with no access to the database relies on.
 """
 
 from __future__ import annotations
@@ -43,19 +42,10 @@ from service.adapters.kafka.config import client_config
 from service.adapters.redis_cache import BUCKET_PREFIX, master_options, sentinel_options
 from service.config import Settings
 from service.devtools.chaos.lifecycle_model import Expected, implied_by
+from service.devtools.chaos.rebuild import Finding, rebuilt_from_events, reversals_applied
 from service.domain.dedup import read_fast_path_value
 from service.domain.events import event_time
 from service.ops.verify import verify
-
-
-@dataclass
-class Finding:
-    name: str
-    violations: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.violations
 
 
 @dataclass
@@ -304,18 +294,7 @@ def check(settings: Settings, log_path: Path, *, redis_prefix: str | None = None
                 f"decision is of {event_time(row['processed_at'])}")
     findings.append(announced)
     findings.append(rebuilt_from_events(published, db["balances"]))
-    applied_events = Finding("a ReversalApplied for every orphan reversal applied, with what "
-                             "it applied; repeats identical")
-    for txn, amount in db["applied"].items():
-        seen = applied.get(txn, [])
-        if not seen:
-            applied_events.violations.append(f"{txn}: applied {amount}, no ReversalApplied")
-        elif any(e != seen[0] for e in seen) or Decimal(seen[0]["amount_applied"]) != amount:
-            applied_events.violations.append(f"{txn}: ReversalApplied events differ or "
-                                             f"disagree with the applied {amount}")
-    applied_events.violations += [f"{txn}: ReversalApplied for no applied reversal"
-                                  for txn in applied if txn not in db["applied"]]
-    findings.append(applied_events)
+    findings.append(reversals_applied(applied, db["applied"]))
 
     # --- Redis: a key only for a committed row
     cache = Finding("every Redis dedup key has a committed database row")
@@ -354,38 +333,6 @@ def check(settings: Settings, log_path: Path, *, redis_prefix: str | None = None
         "holds reversed": ends["reversed"], "holds cleared": ends["cleared"],
         "holds still active": ends["active"],
         "orphan reversals still waiting": model.orphans_waiting})
-
-
-def rebuilt_from_events(events: list[dict[str, Any]], balances: dict[str, Any]) -> Finding:
-    """Every account's balance and held amount rebuilt from the events alone, as a
-    downstream consumer would (each ``event_id`` once, its repeats identical), against the
-    database (``balances``: the accounts' rows, with their opening balances)."""
-    finding = Finding("the events alone rebuild every balance and held amount (each event_id "
-                      "once)")
-    first: dict[str, dict[str, Any]] = {}
-    moved: dict[str, list[Decimal]] = defaultdict(lambda: [Decimal(0), Decimal(0)])
-    for event in events:
-        seen = first.setdefault(event["event_id"], event)
-        if seen is not event:
-            if seen != event:
-                finding.violations.append(f"event {event['event_id']} "
-                                          f"({event['transaction_id']}) repeated otherwise")
-            continue
-        if "balance_delta" not in event or "held_delta" not in event:
-            finding.violations.append(f"{event['event_type']} {event['transaction_id']}: "
-                                      "no balance_delta or held_delta")
-            continue
-        totals = moved[event["account_id"]]
-        totals[0] += Decimal(event["balance_delta"])
-        totals[1] += Decimal(event["held_delta"])
-    for account, row in balances.items():
-        balance, held = moved.get(account, (Decimal(0), Decimal(0)))
-        rebuilt = (row["opening_balance"] + balance, held)
-        if rebuilt != (row["balance"], row["held"]):
-            finding.violations.append(
-                f"{account}: the events rebuild balance/held {rebuilt[0]}/{rebuilt[1]}, the "
-                f"database has {row['balance']}/{row['held']}")
-    return finding
 
 
 def expected_txns(log: list[dict[str, Any]]) -> set[str]:

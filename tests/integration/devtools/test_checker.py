@@ -19,15 +19,10 @@ import asyncpg
 from pydantic import SecretStr
 
 from service.config import Settings
-from service.devtools.chaos.checker import (
-    Report,
-    check,
-    read_all,
-    read_log,
-    rebuilt_from_events,
-)
+from service.devtools.chaos.checker import Report, check, read_all, read_log
 from service.devtools.chaos.expiry import ExpiryRuns
 from service.devtools.chaos.generator import LoadGenerator, seed_accounts
+from service.devtools.chaos.rebuild import rebuilt_from_events
 from tests.support import stack
 from tests.support.workers import wait_caught_up
 
