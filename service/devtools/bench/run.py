@@ -31,6 +31,8 @@ and then `payauth verify`. Writes JSON to $BENCH_OUT (default .bench/results.jso
 ``latency.png`` beside it (``plot.py``).
 
     BENCH_MODE=smoke  a small, quick run that only keeps the benchmark working (CI)
+    BENCH_PHASES=new,db_limit,lifecycle   only these phases (the backlog always runs), e.g.
+                      to compare two versions of the code on what a change touches
 """
 
 from __future__ import annotations
@@ -90,6 +92,21 @@ SMOKE = Sizes(new=3_000, lifecycle=3_000, hot=1_000, naive=200, latency_seconds=
               latency_warmup_seconds=1, pgbench_seconds=3, replays=1, refinements=0)
 
 
+# Each ratio: the two results it divides (computed when both phases ran), its digits.
+RATIOS = {
+    "ratio_vs_pgbench": ("new_auth_per_s", "pgbench_one_auth_per_call_tps", 3),
+    "ratio_vs_db_limit": ("new_auth_per_s", "db_limit_auth_per_s", 3),
+    "ratio_vs_naive": ("new_auth_per_s", "baseline_naive_auth_per_s", 2),
+    "ratio_replay_vs_raw": ("replay_dups_per_s", "raw_consume_per_s", 3),
+    "ratio_hot_vs_uniform": ("hot_account_auth_per_s", "new_auth_per_s", 3),
+    "ratio_lifecycle_vs_purchase": ("lifecycle_auth_per_s", "new_auth_per_s", 3),
+}
+# The phases, in order; BENCH_PHASES picks some (the backlog of new authorizations always
+# runs: the others are held against it).
+PHASES = ("pgbench", "raw", "new", "replay", "db_limit", "lifecycle", "hot", "latency",
+          "floor", "naive")
+
+
 def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
@@ -99,9 +116,11 @@ def account_id(i: int) -> str:
 
 
 class Bench:
-    def __init__(self, settings: Settings, sizes: Sizes, out: Path, log_level: str) -> None:
+    def __init__(self, settings: Settings, sizes: Sizes, out: Path, log_level: str, *,
+                 phases: frozenset[str] = frozenset(PHASES)) -> None:
         self.settings = settings
         self.sizes = sizes
+        self.phases = phases
         self.out = out
         self.log_level = log_level
         self.run = uuid.uuid4().hex[:6]
@@ -289,7 +308,7 @@ class Bench:
         self.results["raw_consume_per_s"] = round(rate, 1)
         log(f"raw confluent-kafka consumer: {rate:,.0f} msg/s")
 
-    def phase_new_and_replay(self, topic: str, total: int) -> None:
+    def phase_new_and_replay(self, topic: str, total: int, *, replays: bool = True) -> None:
         group = f"bench-{self.run}"
         commits, calls = asyncio.run(self.pg_commits()), self.redis_calls()
         worker = self.worker(topic, group, "new")
@@ -315,6 +334,9 @@ class Bench:
             f"({commits / total:.3f} PostgreSQL commits and {calls / total:.3f} Redis calls "
             f"per message)")
 
+        if not replays:
+            self.results["worker_rss_mb"] = round(rss, 1)
+            return
         # Replay: rewind the group, run the same backlog again; every message a duplicate.
         # Three times, and the median counts: a replay lasts seconds, and on a shared machine
         # one of them may meet a checkpoint or autovacuum of the rows just written.
@@ -517,27 +539,22 @@ class Bench:
         log(f"run {self.run}: database {self.database}, {ACCOUNTS} accounts, "
             f"backlog {self.sizes.new}, worker log level {self.log_level}")
         asyncio.run(self.prepare_db())
-        self.phase_pgbench()
+        wanted = self.phases
+        if "pgbench" in wanted:
+            self.phase_pgbench()
         topic = self.topic("new")
         self.produce(topic, self.messages(self.sizes.new))
-        self.phase_raw(topic, self.sizes.new)
-        self.phase_new_and_replay(topic, self.sizes.new)
-        self.phase_db_limit()
-        self.phase_lifecycle()
-        self.phase_hot()
-        self.phase_latency()
-        self.phase_floor()
-        self.phase_naive()
+        if "raw" in wanted:
+            self.phase_raw(topic, self.sizes.new)
+        self.phase_new_and_replay(topic, self.sizes.new, replays="replay" in wanted)
+        for phase in ("db_limit", "lifecycle", "hot", "latency", "floor", "naive"):
+            if phase in wanted:
+                getattr(self, f"phase_{phase}")()
         text, ok = report(asyncio.run(verify(self.dsn)))
         r = self.results
-        r["ratio_vs_pgbench"] = round(r["new_auth_per_s"] / r["pgbench_one_auth_per_call_tps"],
-                                      3)
-        r["ratio_vs_db_limit"] = round(r["new_auth_per_s"] / r["db_limit_auth_per_s"], 3)
-        r["ratio_vs_naive"] = round(r["new_auth_per_s"] / r["baseline_naive_auth_per_s"], 2)
-        r["ratio_replay_vs_raw"] = round(r["replay_dups_per_s"] / r["raw_consume_per_s"], 3)
-        r["ratio_hot_vs_uniform"] = round(r["hot_account_auth_per_s"] / r["new_auth_per_s"], 3)
-        r["ratio_lifecycle_vs_purchase"] = round(
-            r["lifecycle_auth_per_s"] / r["new_auth_per_s"], 3)
+        for ratio, (numerator, denominator, digits) in RATIOS.items():
+            if numerator in r and denominator in r:
+                r[ratio] = round(r[numerator] / r[denominator], digits)
         r["verify_ok"] = ok
         r["mode"] = "smoke" if self.sizes is SMOKE else "full"
         r["worker_log_level"] = self.log_level
@@ -614,7 +631,14 @@ def main() -> int:
     settings = settings.model_copy(update={"redis_url": SecretStr(
         settings.redis_url.get_secret_value())})
     level = os.environ.get("BENCH_LOG_LEVEL", "INFO")
-    return Bench(settings, SMOKE if mode == "smoke" else FULL, out, level).execute()
+    phases = [p.strip() for p in os.environ.get("BENCH_PHASES", ",".join(PHASES)).split(",")
+              if p.strip()]
+    unknown = sorted(set(phases) - set(PHASES))
+    if unknown:
+        print(f"bench: BENCH_PHASES names unknown phases {unknown}; known: {', '.join(PHASES)}")
+        return 2
+    return Bench(settings, SMOKE if mode == "smoke" else FULL, out, level,
+                 phases=frozenset(phases)).execute()
 
 
 if __name__ == "__main__":
