@@ -54,6 +54,24 @@ batch_messages = Histogram(
     buckets=(1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500),
     registry=REGISTRY,
 )
+decisions_total = Counter(
+    "payauth_decisions_total",
+    "Decisions made (not duplicates), by the message's kind and result (an issuer's day: "
+    "verifications, balance inquiries, increments beside purchases and the lifecycle).",
+    ["kind", "result"],
+    registry=REGISTRY,
+)
+declines_total = Counter(
+    "payauth_declines_total",
+    "Declines, by reason (one per decline, the first that applies).",
+    ["reason"],
+    registry=REGISTRY,
+)
+partial_approvals_total = Counter(
+    "payauth_partial_approvals_total",
+    "Purchases and authorizations approved for less than asked (the available balance).",
+    registry=REGISTRY,
+)
 dead_letters_total = Counter(
     "payauth_dead_letters_total",
     "Messages written to the dead-letter topic, by reason.",

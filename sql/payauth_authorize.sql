@@ -2,7 +2,9 @@
 -- calls it for every batch, whatever its kinds), and the one place that chooses how.
 --
 -- The batch is the worker's, in offset order within each partition: one array element per
--- message (p_originals: each one's original_transaction_id, NULL for none). The call
+-- message (p_originals: each one's original_transaction_id, NULL for none; the network's
+-- conversion, p_billing_amounts and p_billing_currencies; a PURCHASE's or AUTHORIZATION's
+-- p_partial_ok; a CLEARING's p_final, NULL meaning final). The call
 -- commits on its own (autocommit): one round trip, the accounts' locks held for the
 -- statement only. In this order:
 --
@@ -11,18 +13,20 @@
 --    batch, and whatever another batch wrote of them is committed and seen: an orphan
 --    reversal kept by a batch still open on the same account is waited for, not missed.
 -- 2. Choose the route, from what is locked (the only place a route is chosen):
---    * purchases (payauth_authorize_purchases): only PURCHASE and REFUND, and no orphan
+--    * purchases (payauth_authorize_purchases): only PURCHASE, REFUND, VERIFICATION and
+--      BALANCE_INQUIRY (partial approvals and conversions among them), and no orphan
 --      reversal waits for any of them; set-based.
 --    * lifecycle (payauth_authorize_lifecycle): the lifecycle's common path, set-based:
---      no orphan reversal waits for a message of the batch; every ADVICE and CLEARING of a
---      known account and in its currency; every message that names an original names a
---      hold found, or an AUTHORIZATION/ADVICE earlier in the batch, of its own account and
---      currency; no hold placed twice.
---    * each (payauth_authorize_each): anything else (an orphan kept or applied, a reversal
---      of a purchase, a LIFECYCLE_MISMATCH, an advice or clearing of an unknown account or
---      in another currency, a hold placed again), one message at a time; it holds every
---      rule, the others the common cases of them (integration/sql/test_payauth_authorize.py
---      holds the routes to the same rows).
+--      no orphan reversal nor early clearing waits for a message of the batch; every
+--      ADVICE, REVERSAL, CLEARING and INCREMENTAL of a known account with an amount in its
+--      currency; every message that names an original names a hold found, or an
+--      AUTHORIZATION/ADVICE earlier in the batch, of its own account; no hold placed twice.
+--    * each (payauth_authorize_each): anything else (an orphan kept or applied, a clearing
+--      before its hold kept or applied, a reversal of a purchase, a LIFECYCLE_MISMATCH, an
+--      advice or clearing of an unknown account or with no amount in its currency, an
+--      increment of an unknown hold, a hold placed again), one message at a time; it holds
+--      every rule, the others the common cases of them (integration/sql/
+--      test_payauth_authorize.py holds the routes to the same rows).
 -- 3. The route decides in offset order with the one rule (payauth_decide), claims each
 --    transaction_id under the unique index of processed_transactions (another replica's
 --    claim first: SQLSTATE PA409, the whole statement rolled back), writes the ledger, the
@@ -31,30 +35,41 @@
 --
 -- One row per message, in the batch's order: its result and decline reason; amount_applied
 -- (what a REVERSAL released or credited, what a CLEARING released, what an AUTHORIZATION
--- or ADVICE placed); forced (a CLEARING with no hold to end); orphan (a REVERSAL kept until
--- its original comes); mismatch (why the message names an original it cannot: not claimed,
--- nothing changed, dead-lettered LIFECYCLE_MISMATCH); balance_delta and held_delta (what
--- the message itself changed, for its event; NULL on the purchases route, where its kind
--- and amount say it: service/domain/events.py); applied_ids, applied_amounts and
--- applied_correlations (the orphan reversals this message's arrival applied, each with what
--- it released or credited, for their ReversalApplied events).
+-- or ADVICE placed, what an INCREMENTAL added); forced (a CLEARING with no hold to end);
+-- orphan (a REVERSAL kept until its original comes); mismatch (why the message names an
+-- original it cannot, or has no amount in its account's currency: not claimed, nothing
+-- changed, dead-lettered LIFECYCLE_MISMATCH); balance_delta and held_delta (what the
+-- message itself changed, for its event; NULL on the purchases route, where its kind and
+-- what was approved say it: service/domain/events.py); approved (what was approved in the
+-- account's currency: on the purchases route only when it is not the amount as sent) and
+-- partial (a partial approval); ledger_balance and available_balance (a
+-- BALANCE_INQUIRY's figures); account_currency (NULL: no such account); already_cleared
+-- (what clearings that came before a hold released of it); applied_ids, applied_amounts and applied_correlations (the orphan
+-- reversals this message's arrival applied, each with what it released or credited, for
+-- their ReversalApplied events).
 CREATE OR REPLACE FUNCTION payauth_authorize(
-    p_txn_ids          text[],
-    p_account_ids      text[],
-    p_amounts          numeric[],
-    p_currencies       text[],
-    p_auth_types       text[],
-    p_fingerprints     text[],
-    p_correlation_ids  text[],
-    p_message_ids      text[],
-    p_partitions       integer[],
-    p_offsets          bigint[],
-    p_processed_at     timestamptz,
-    p_source_topic     text,
-    p_batch_id         uuid,
-    p_originals        text[]
+    p_txn_ids            text[],
+    p_account_ids        text[],
+    p_amounts            numeric[],
+    p_currencies         text[],
+    p_auth_types         text[],
+    p_fingerprints       text[],
+    p_correlation_ids    text[],
+    p_message_ids        text[],
+    p_partitions         integer[],
+    p_offsets            bigint[],
+    p_processed_at       timestamptz,
+    p_source_topic       text,
+    p_batch_id           uuid,
+    p_originals          text[],
+    p_billing_amounts    numeric[],
+    p_billing_currencies text[],
+    p_partial_ok         boolean[],
+    p_final              boolean[]
 ) RETURNS TABLE (result text, decline_reason text, amount_applied text, forced boolean,
                  orphan boolean, mismatch text, balance_delta text, held_delta text,
+                 approved text, partial boolean, ledger_balance text,
+                 available_balance text, account_currency text, already_cleared text,
                  applied_ids text[], applied_amounts text[], applied_correlations text[])
 LANGUAGE plpgsql
 AS $$
@@ -70,34 +85,45 @@ BEGIN
     PERFORM 1 FROM accounts WHERE account_id = ANY(p_account_ids)
      ORDER BY account_id FOR UPDATE;
 
-    route := CASE
+    -- (The purchases route is chosen in the fewest steps: it is the common batch's, and
+    -- each statement here is planned at every call.)
+    IF p_auth_types <@ '{PURCHASE,REFUND,VERIFICATION,BALANCE_INQUIRY}'::text[] THEN
+        route := CASE WHEN EXISTS (SELECT 1 FROM orphan_reversals r
+                                    WHERE r.state = 'WAITING'
+                                      AND r.original_txn_id = ANY(p_txn_ids))
+                      THEN 'each' ELSE 'purchases' END;
+    ELSE route := CASE
         WHEN EXISTS (SELECT 1 FROM orphan_reversals r
                       WHERE r.state = 'WAITING' AND r.original_txn_id = ANY(p_txn_ids))
             THEN 'each'
-        WHEN NOT EXISTS (SELECT 1 FROM unnest(p_auth_types) AS t(kind)
-                          WHERE t.kind NOT IN ('PURCHASE', 'REFUND'))
-            THEN 'purchases'
-        -- An ADVICE or CLEARING of an unknown account or in another currency than its
-        -- account's: a decline or a mismatch the loop words.
-        WHEN EXISTS (SELECT 1 FROM unnest(p_account_ids, p_currencies, p_auth_types)
-                                 AS m(acct, cur, kind)
-                       LEFT JOIN accounts a ON a.account_id = m.acct
-                      WHERE m.kind IN ('ADVICE', 'CLEARING')
-                        AND (a.account_id IS NULL OR a.currency::text <> m.cur))
+        -- A clearing that came before a hold of the batch.
+        WHEN EXISTS (SELECT 1 FROM early_clearings e
+                      WHERE e.state = 'WAITING' AND e.original_txn_id = ANY(p_txn_ids))
             THEN 'each'
-        -- An original that is neither a hold of the message's account and currency nor an
-        -- AUTHORIZATION or ADVICE of them earlier in the batch.
-        WHEN EXISTS (SELECT 1 FROM unnest(p_originals, p_account_ids, p_currencies)
-                                 WITH ORDINALITY AS m(orig, acct, cur, ord)
+        -- An ADVICE, REVERSAL, CLEARING or INCREMENTAL of an unknown account or with no
+        -- amount in its account's currency: a decline, a mismatch or an orphan the loop
+        -- words.
+        WHEN EXISTS (SELECT 1 FROM unnest(p_account_ids, p_currencies, p_auth_types,
+                                          p_amounts, p_billing_currencies, p_billing_amounts)
+                                 AS m(acct, cur, kind, amt, bcur, bamt)
+                       LEFT JOIN accounts a ON a.account_id = m.acct
+                      WHERE m.kind IN ('ADVICE', 'REVERSAL', 'CLEARING', 'INCREMENTAL')
+                        AND (a.account_id IS NULL
+                             OR payauth_account_amount(a.currency::text, m.cur, m.amt,
+                                                       m.bcur, m.bamt) IS NULL))
+            THEN 'each'
+        -- An original that is neither a hold of the message's account nor an AUTHORIZATION
+        -- or ADVICE of it earlier in the batch.
+        WHEN EXISTS (SELECT 1 FROM unnest(p_originals, p_account_ids)
+                                 WITH ORDINALITY AS m(orig, acct, ord)
                       WHERE m.orig IS NOT NULL
                         AND NOT EXISTS (SELECT 1 FROM holds h
-                                         WHERE h.txn_id = m.orig AND h.account_id = m.acct
-                                           AND h.currency::text = m.cur)
+                                         WHERE h.txn_id = m.orig AND h.account_id = m.acct)
                         AND NOT EXISTS (SELECT 1 FROM unnest(p_txn_ids, p_account_ids,
-                                                             p_currencies, p_auth_types)
-                                                   WITH ORDINALITY AS e(txn, acct, cur, kind, ord)
+                                                             p_auth_types)
+                                                   WITH ORDINALITY AS e(txn, acct, kind, ord)
                                          WHERE e.txn = m.orig AND e.ord < m.ord
-                                           AND e.acct = m.acct AND e.cur = m.cur
+                                           AND e.acct = m.acct
                                            AND e.kind IN ('AUTHORIZATION', 'ADVICE')))
             THEN 'each'
         -- A hold placed twice: in the batch, or found already (PA409, the loop says which).
@@ -108,26 +134,32 @@ BEGIN
             THEN 'each'
         ELSE 'lifecycle'
     END;
+    END IF;
 
     IF route = 'purchases' THEN
         RETURN QUERY SELECT p.result, p.decline_reason, NULL::text, NULL::boolean,
-                            NULL::boolean, NULL::text, NULL::text, NULL::text,
-                            NULL::text[], NULL::text[], NULL::text[]
+                            NULL::boolean, NULL::text, NULL::text, NULL::text, p.approved,
+                            p.partial, p.ledger_balance, p.available_balance,
+                            p.account_currency, NULL::text, NULL::text[], NULL::text[],
+                            NULL::text[]
           FROM payauth_authorize_purchases(
                    p_txn_ids, p_account_ids, p_amounts, p_currencies, p_auth_types,
                    p_fingerprints, p_correlation_ids, p_message_ids, p_partitions,
-                   p_offsets, p_processed_at, p_source_topic, p_batch_id) p;
+                   p_offsets, p_processed_at, p_source_topic, p_batch_id, p_billing_amounts,
+                   p_billing_currencies, p_partial_ok) p;
     ELSIF route = 'lifecycle' THEN
         RETURN QUERY SELECT l.*, NULL::text[], NULL::text[], NULL::text[]
           FROM payauth_authorize_lifecycle(
                    p_txn_ids, p_account_ids, p_amounts, p_currencies, p_auth_types,
                    p_fingerprints, p_correlation_ids, p_message_ids, p_partitions,
-                   p_offsets, p_processed_at, p_source_topic, p_batch_id, p_originals) l;
+                   p_offsets, p_processed_at, p_source_topic, p_batch_id, p_originals,
+                   p_billing_amounts, p_billing_currencies, p_partial_ok, p_final) l;
     ELSE
         RETURN QUERY SELECT * FROM payauth_authorize_each(
                    p_txn_ids, p_account_ids, p_amounts, p_currencies, p_auth_types,
                    p_fingerprints, p_correlation_ids, p_message_ids, p_partitions,
-                   p_offsets, p_processed_at, p_source_topic, p_batch_id, p_originals);
+                   p_offsets, p_processed_at, p_source_topic, p_batch_id, p_originals,
+                   p_billing_amounts, p_billing_currencies, p_partial_ok, p_final);
     END IF;
 END
 $$;

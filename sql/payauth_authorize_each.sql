@@ -1,46 +1,63 @@
 -- payauth_authorize_each: payauth_authorize's route for every batch off the set-based
 -- routes (sql/payauth_authorize.sql says which), called with the accounts locked: one
--- message at a time, each seeing what the ones before it wrote. It holds every lifecycle
--- rule (docs/lifecycle.md, "Where each rule lives"):
+-- message at a time, each seeing what the ones before it wrote. It holds every rule of the
+-- lifecycle and of an issuer's day (docs/lifecycle.md, "Where each rule lives"):
 --
 -- * LIFECYCLE_MISMATCH: payauth_mismatch's; such a message is not claimed, nothing changes.
--- * The decision: payauth_decide, on the available balance (balance - held).
--- * PURCHASE/REFUND: a debit/credit in the ledger. Waiting orphan reversals of an approved
---   PURCHASE are applied in the order they came, each credited back (capped by what of the
---   purchase remains) as a REVERSAL ledger entry under the reversal's own transaction_id;
---   of anything else (declined, a REFUND, REVERSAL or CLEARING, of another account or
---   currency) they become VOID.
--- * AUTHORIZATION/ADVICE: a hold of the amount, net of the waiting orphan reversals it
---   applies (a full reversal leaves nothing held: the hold is placed REVERSED).
+-- * The decision: payauth_decide, on the available balance (balance - held) and the amount
+--   in the account's currency (payauth_account_amount), approving what payauth_approved
+--   says (a partial approval: the available balance).
+-- * PURCHASE/REFUND: a debit/credit in the ledger of what was approved. Waiting orphan
+--   reversals of an approved PURCHASE are applied in the order they came, each credited
+--   back (capped by what of the purchase remains) as a REVERSAL ledger entry under the
+--   reversal's own transaction_id; of anything else (declined, no purchase, of another
+--   account or currency) they become VOID. Early clearings waiting for it become VOID.
+-- * VERIFICATION and BALANCE_INQUIRY: nothing moves; an inquiry keeps the balances it read.
+-- * AUTHORIZATION/ADVICE: a hold of what was approved, net of the waiting orphan reversals
+--   it applies, then of the clearings that came before it (early clearings: each releases
+--   as much as it posted, a final one all that is left, and the hold then ends CLEARED;
+--   what they released is its amount_already_cleared).
+-- * INCREMENTAL: adds what was approved to its hold, which must be active and the
+--   account's (else HOLD_NOT_ACTIVE).
 -- * REVERSAL: of a hold, releases up to what remains (ending it at zero); of an approved
 --   PURCHASE, credits back up to what of it is not yet reversed; of an original not known
 --   yet, kept WAITING in orphan_reversals; of a declined one, nothing.
--- * CLEARING: posts its amount as a debit and ends its hold, releasing what remains; forced
---   when no hold is named or known.
+-- * CLEARING: posts its amount as a debit; a final one ends its hold, releasing what
+--   remains, a non-final one releases as much as it posts (capped) and the hold stays;
+--   forced when no hold is named or known; one naming an original not known yet is also
+--   kept in early_clearings until that original comes.
 --
 -- Every write checks it wrote what it meant to (a claim, a hold, a lifecycle record or a
--- ledger entry there already: SQLSTATE PA409, the whole statement rolled back).
--- balance_delta and held_delta: what the message itself changed (a hold counts whole; the
--- orphan reversals its arrival applied, with what each released or credited, come in
--- applied_ids, applied_amounts, applied_correlations).
+-- ledger entry there already: SQLSTATE PA409, the whole statement rolled back). One row per
+-- message, the columns of payauth_authorize: balance_delta and held_delta are what the
+-- message itself changed (a hold counts net of the clearings before it; the orphan
+-- reversals its arrival applied, with what each released or credited, come in applied_ids,
+-- applied_amounts, applied_correlations).
 CREATE OR REPLACE FUNCTION payauth_authorize_each(
-    p_txn_ids          text[],
-    p_account_ids      text[],
-    p_amounts          numeric[],
-    p_currencies       text[],
-    p_auth_types       text[],
-    p_fingerprints     text[],
-    p_correlation_ids  text[],
-    p_message_ids      text[],
-    p_partitions       integer[],
-    p_offsets          bigint[],
-    p_processed_at     timestamptz,
-    p_source_topic     text,
-    p_batch_id         uuid,
-    p_originals        text[]
+    p_txn_ids            text[],
+    p_account_ids        text[],
+    p_amounts            numeric[],
+    p_currencies         text[],
+    p_auth_types         text[],
+    p_fingerprints       text[],
+    p_correlation_ids    text[],
+    p_message_ids        text[],
+    p_partitions         integer[],
+    p_offsets            bigint[],
+    p_processed_at       timestamptz,
+    p_source_topic       text,
+    p_batch_id           uuid,
+    p_originals          text[],
+    p_billing_amounts    numeric[],
+    p_billing_currencies text[],
+    p_partial_ok         boolean[],
+    p_final              boolean[]
 ) RETURNS TABLE (result text, decline_reason text, amount_applied text, forced boolean,
                  orphan boolean, mismatch text, balance_delta text, held_delta text,
-                 applied_ids text[], applied_amounts text[], applied_correlations text[])
+                 approved text, partial boolean, ledger_balance text,
+                 available_balance text, account_currency text, already_cleared text,
+                 applied_ids text[],
+                 applied_amounts text[], applied_correlations text[])
 LANGUAGE plpgsql
 AS $$
 #variable_conflict use_column
@@ -51,7 +68,8 @@ DECLARE
     kind       text;
     acct       text;
     cur        text;
-    amt        numeric;
+    amt        numeric;  -- in the account's currency (payauth_account_amount)
+    fin        boolean;  -- a CLEARING's final flag
     orig       text;
     a          record;   -- the account as it is now
     h          record;   -- the original's hold (when has_hold)
@@ -61,17 +79,19 @@ DECLARE
     decision   text;
     res        text;
     reason     text;
+    granted    numeric;  -- what was approved, in the account's currency
     applied    numeric;
     is_forced  boolean;
     is_orphan  boolean;
     ended      boolean;
     why        text;
+    hold_seen  text;     -- an INCREMENTAL's hold's state, as its decision read it
     delta      numeric;  -- to the ledger balance
     hold_delta numeric;  -- to accounts.held
     placed     numeric;
+    cleared    numeric;  -- what early clearings released of a hold being placed
+    cleared_by text;     -- the final early clearing that ended it
     orig_type  text;     -- the original when it is no hold
-    orig_acct  text;
-    orig_cur   text;
     orig_amt   numeric;
     orig_res   text;
     reversed   numeric;
@@ -89,16 +109,20 @@ BEGIN
 
     FOR i IN 1..n LOOP
         txn := p_txn_ids[i]; acct := p_account_ids[i]; cur := p_currencies[i];
-        kind := p_auth_types[i]; amt := p_amounts[i]; orig := p_originals[i];
+        kind := p_auth_types[i]; orig := p_originals[i]; fin := coalesce(p_final[i], true);
         applied := NULL; is_forced := NULL; is_orphan := NULL; ended := false; why := NULL;
         delta := 0; hold_delta := 0; credit := 0; credit_ids := '{}'; credits := '{}';
-        has_hold := false; orig_type := NULL;
+        has_hold := false; orig_type := NULL; granted := NULL; hold_seen := NULL;
         orig_res := NULL; o_ids := NULL; o_amounts := NULL; o_corrs := NULL;
+        cleared := NULL; cleared_by := NULL;
 
-        why := payauth_mismatch(kind, acct, cur, orig);
+        why := payauth_mismatch(kind, acct, cur, p_amounts[i], p_billing_currencies[i],
+                                p_billing_amounts[i], orig);
         IF why IS NOT NULL THEN
             result := NULL; decline_reason := NULL; amount_applied := NULL; forced := NULL;
             orphan := NULL; mismatch := why; balance_delta := NULL; held_delta := NULL;
+            approved := NULL; partial := NULL; ledger_balance := NULL;
+            available_balance := NULL; account_currency := NULL; already_cleared := NULL;
             applied_ids := NULL; applied_amounts := NULL; applied_correlations := NULL;
             RETURN NEXT;
             CONTINUE;
@@ -107,6 +131,10 @@ BEGIN
         SELECT balance, held, status, currency::text AS currency INTO a
           FROM accounts WHERE account_id = acct;
         avail := CASE WHEN FOUND THEN a.balance - a.held END;
+        amt := CASE WHEN avail IS NULL THEN p_amounts[i]  -- no account: as sent
+                    ELSE payauth_account_amount(a.currency, cur, p_amounts[i],
+                                                p_billing_currencies[i],
+                                                p_billing_amounts[i]) END;
 
         -- What the original is (payauth_mismatch found it fit): a hold, a posted PURCHASE, a
         -- declined authorization or purchase, or nothing known yet.
@@ -114,50 +142,56 @@ BEGIN
             SELECT * INTO h FROM holds WHERE txn_id = orig FOR UPDATE;
             has_hold := FOUND;
             IF has_hold THEN
-                orig_type := h.kind; orig_acct := h.account_id; orig_cur := h.currency;
-                orig_res := 'APPROVED';
+                orig_type := h.kind; orig_res := 'APPROVED';
             ELSE
-                SELECT l.type, l.account_id, l.currency::text, -l.amount
-                  INTO orig_type, orig_acct, orig_cur, orig_amt
+                SELECT l.type, -l.amount INTO orig_type, orig_amt
                   FROM ledger_entries l WHERE l.txn_id = orig;
                 IF FOUND THEN
                     orig_res := 'APPROVED';
                 ELSE
-                    SELECT m.kind, m.account_id, m.currency::text, m.result
-                      INTO orig_type, orig_acct, orig_cur, orig_res
+                    SELECT m.kind, m.result INTO orig_type, orig_res
                       FROM lifecycle_messages m WHERE m.txn_id = orig;
                     IF NOT FOUND THEN
-                        SELECT p.authorization_type, p.account_id, p.currency::text, p.result
-                          INTO orig_type, orig_acct, orig_cur, orig_res
+                        SELECT p.authorization_type, p.result INTO orig_type, orig_res
                           FROM processed_transactions p WHERE p.txn_id = orig;
                     END IF;
                 END IF;
             END IF;
         END IF;
+        IF kind = 'INCREMENTAL' AND has_hold THEN  -- (h is read only when it was found)
+            IF h.account_id = acct THEN
+                hold_seen := h.state;
+            END IF;
+        END IF;
 
-        decision := payauth_decide(avail, a.status, a.currency, cur, kind, amt);
+        decision := payauth_decide(avail, a.status, kind, amt, hold_seen,
+                                   coalesce(p_partial_ok[i], false));
         IF decision IS NULL THEN  -- a broken rule stops the partition, it never approves
             RAISE EXCEPTION 'payauth_decide returned NULL for transaction %', txn;
         END IF;
-        res := CASE WHEN decision = 'APPROVED' THEN 'APPROVED' ELSE 'DECLINED' END;
-        reason := CASE WHEN decision = 'APPROVED' THEN NULL ELSE decision END;
+        IF decision IN ('APPROVED', 'PARTIAL') THEN
+            res := 'APPROVED'; reason := NULL;
+            granted := coalesce(payauth_approved(decision, amt, avail), 0);
+        ELSE
+            res := 'DECLINED'; reason := decision;
+        END IF;
 
-        IF kind IN ('PURCHASE', 'REFUND') THEN
-            delta := CASE WHEN res <> 'APPROVED' THEN 0 WHEN kind = 'PURCHASE' THEN -amt
-                          ELSE amt END;
+        IF kind IN ('PURCHASE', 'REFUND', 'VERIFICATION', 'BALANCE_INQUIRY') THEN
+            delta := CASE WHEN res <> 'APPROVED' THEN 0 WHEN kind = 'PURCHASE' THEN -granted
+                          WHEN kind = 'REFUND' THEN granted ELSE 0 END;
             -- Waiting orphan reversals of this one, in the order they came: an approved
-            -- PURCHASE is credited back up to its amount, each credit a REVERSAL ledger entry
-            -- under the reversal's own transaction_id; of anything else they change nothing.
+            -- PURCHASE is credited back up to what was approved, each credit a REVERSAL
+            -- ledger entry under the reversal's own transaction_id; of anything else they
+            -- change nothing.
             FOR o IN SELECT r.*, m.correlation_id FROM orphan_reversals r
                        LEFT JOIN lifecycle_messages m ON m.txn_id = r.txn_id
                       WHERE r.original_txn_id = txn AND r.state = 'WAITING'
                       ORDER BY r.arrived_at, r.txn_id FOR UPDATE OF r LOOP
-                IF res <> 'APPROVED' OR kind <> 'PURCHASE' OR o.account_id <> acct
-                   OR o.currency <> cur THEN
+                IF res <> 'APPROVED' OR kind <> 'PURCHASE' OR o.account_id <> acct THEN
                     UPDATE orphan_reversals SET state = 'VOID', applied = 0, resolved_at = now()
                      WHERE txn_id = o.txn_id;
                 ELSE
-                    c := least(o.amount, amt - credit);
+                    c := least(o.amount, granted - credit);
                     UPDATE orphan_reversals SET state = 'APPLIED', applied = c,
                                                 resolved_at = now()
                      WHERE txn_id = o.txn_id;
@@ -170,14 +204,17 @@ BEGIN
                     credit := credit + c;
                 END IF;
             END LOOP;
+            UPDATE early_clearings SET state = 'VOID', applied = 0, resolved_at = now()
+             WHERE original_txn_id = txn AND state = 'WAITING';
         ELSIF kind IN ('AUTHORIZATION', 'ADVICE') THEN
-            -- Waiting orphan reversals of this one, in the order they came.
-            placed := amt;
+            -- Waiting orphan reversals of this one, in the order they came; then the
+            -- clearings that came before it.
+            placed := coalesce(granted, 0);
             FOR o IN SELECT r.*, m.correlation_id FROM orphan_reversals r
                        LEFT JOIN lifecycle_messages m ON m.txn_id = r.txn_id
                       WHERE r.original_txn_id = txn AND r.state = 'WAITING'
                       ORDER BY r.arrived_at, r.txn_id FOR UPDATE OF r LOOP
-                IF res <> 'APPROVED' OR o.account_id <> acct OR o.currency <> cur THEN
+                IF res <> 'APPROVED' OR o.account_id <> acct THEN
                     UPDATE orphan_reversals SET state = 'VOID', applied = 0, resolved_at = now()
                      WHERE txn_id = o.txn_id;
                 ELSE
@@ -190,19 +227,56 @@ BEGIN
                     placed := placed - c;
                 END IF;
             END LOOP;
+            FOR o IN SELECT e.* FROM early_clearings e
+                      WHERE e.original_txn_id = txn AND e.state = 'WAITING'
+                      ORDER BY e.arrived_at, e.txn_id FOR UPDATE LOOP
+                IF res <> 'APPROVED' OR o.account_id <> acct THEN
+                    UPDATE early_clearings SET state = 'VOID', applied = 0, resolved_at = now()
+                     WHERE txn_id = o.txn_id;
+                ELSE
+                    c := CASE WHEN o.final OR cleared_by IS NOT NULL THEN placed
+                              ELSE least(o.amount, placed) END;
+                    UPDATE early_clearings SET state = 'APPLIED', applied = c,
+                                               resolved_at = now()
+                     WHERE txn_id = o.txn_id;
+                    cleared := coalesce(cleared, 0) + c;
+                    placed := placed - c;
+                    IF o.final AND cleared_by IS NULL THEN
+                        cleared_by := o.txn_id;
+                    END IF;
+                END IF;
+            END LOOP;
             IF res = 'APPROVED' THEN
                 INSERT INTO holds (txn_id, account_id, currency, kind, amount, remaining, state,
-                                   ended_at, released)
-                VALUES (txn, acct, cur, kind, amt, placed,
-                        CASE WHEN placed > 0 THEN 'ACTIVE' ELSE 'REVERSED' END,
-                        CASE WHEN placed > 0 THEN NULL ELSE now() END,
-                        CASE WHEN placed > 0 THEN NULL ELSE amt END)
+                                   ended_at, ended_by, released)
+                -- Ended at once by a final clearing before it (what it released counted in
+                -- early_clearings.applied), or by orphans reversing it whole; a hold that
+                -- non-final clearings took to zero stays active, a final one may still come.
+                VALUES (txn, acct, a.currency, kind, granted, placed,
+                        CASE WHEN cleared_by IS NOT NULL THEN 'CLEARED'
+                             WHEN placed > 0 OR cleared > 0 THEN 'ACTIVE' ELSE 'REVERSED' END,
+                        CASE WHEN cleared_by IS NULL AND (placed > 0 OR cleared > 0) THEN NULL
+                             ELSE now() END,
+                        cleared_by,
+                        CASE WHEN cleared_by IS NOT NULL THEN 0
+                             WHEN placed > 0 OR cleared > 0 THEN NULL ELSE granted END)
                     ON CONFLICT (txn_id) DO NOTHING;
                 IF NOT FOUND THEN
                     RAISE EXCEPTION 'hold % placed already', txn USING ERRCODE = 'PA409';
                 END IF;
                 hold_delta := placed;
                 applied := placed;
+            END IF;
+        ELSIF kind = 'INCREMENTAL' THEN
+            IF res = 'APPROVED' THEN
+                UPDATE holds SET incremented = incremented + granted,
+                                 remaining = remaining + granted
+                 WHERE txn_id = orig AND state = 'ACTIVE';
+                IF NOT FOUND THEN
+                    RAISE EXCEPTION 'hold % ended meanwhile', orig USING ERRCODE = 'PA409';
+                END IF;
+                hold_delta := granted;
+                applied := granted;
             END IF;
         ELSIF kind = 'REVERSAL' THEN
             applied := 0;
@@ -235,7 +309,7 @@ BEGIN
                 is_orphan := true;
                 INSERT INTO orphan_reversals (txn_id, original_txn_id, account_id, currency,
                                               amount, state)
-                VALUES (txn, orig, acct, cur, amt, 'WAITING')
+                VALUES (txn, orig, acct, coalesce(a.currency, cur), amt, 'WAITING')
                     ON CONFLICT (txn_id) DO NOTHING;
             END IF;
             -- else: the original was declined: a reversal of it changes nothing
@@ -243,24 +317,35 @@ BEGIN
             is_forced := NOT has_hold;
             applied := 0;
             IF has_hold AND h.state = 'ACTIVE' THEN
-                applied := h.remaining;
-                ended := true;
+                applied := CASE WHEN fin THEN h.remaining ELSE least(amt, h.remaining) END;
+                ended := fin;
                 UPDATE holds
-                   SET remaining = 0, state = 'CLEARED', ended_at = now(), ended_by = txn,
-                       released = h.remaining
+                   SET remaining = remaining - applied,
+                       state = CASE WHEN fin THEN 'CLEARED' ELSE 'ACTIVE' END,
+                       ended_at = CASE WHEN fin THEN now() END,
+                       ended_by = CASE WHEN fin THEN txn END,
+                       released = CASE WHEN fin THEN applied END
                  WHERE txn_id = orig AND state = 'ACTIVE';
                 IF NOT FOUND THEN
                     RAISE EXCEPTION 'hold % ended meanwhile', orig USING ERRCODE = 'PA409';
                 END IF;
                 hold_delta := -applied;
+            ELSIF orig IS NOT NULL AND orig_type IS NULL THEN
+                -- Before its hold: posted now, and kept until the hold comes.
+                INSERT INTO early_clearings (txn_id, original_txn_id, account_id, currency,
+                                             amount, final, state)
+                VALUES (txn, orig, acct, a.currency, amt, fin, 'WAITING')
+                    ON CONFLICT (txn_id) DO NOTHING;
             END IF;
             delta := -amt;
         END IF;
 
-        -- A REVERSAL or CLEARING is nobody's original: reversals waiting for this one are
-        -- void (they could not be applied to it).
-        IF kind IN ('REVERSAL', 'CLEARING') THEN
+        -- A REVERSAL or CLEARING is nobody's original: reversals and clearings waiting for
+        -- this one are void (they could not be applied to it).
+        IF kind IN ('REVERSAL', 'CLEARING', 'INCREMENTAL') THEN
             UPDATE orphan_reversals SET state = 'VOID', applied = 0, resolved_at = now()
+             WHERE original_txn_id = txn AND state = 'WAITING';
+            UPDATE early_clearings SET state = 'VOID', applied = 0, resolved_at = now()
              WHERE original_txn_id = txn AND state = 'WAITING';
         END IF;
 
@@ -270,23 +355,29 @@ BEGIN
                 amount, currency, authorization_type, correlation_id, message_id,
                 source_topic, source_partition, source_offset, batch_id, input_balance,
                 input_status, input_currency, rule_version, original_txn_id, amount_applied,
-                forced, orphan)
-        VALUES (txn, p_processed_at, res, reason, p_fingerprints[i], acct, amt, cur, kind,
-                p_correlation_ids[i], p_message_ids[i], p_source_topic, p_partitions[i],
+                forced, orphan, billing_amount, billing_currency, partial_ok,
+                amount_approved, final, input_hold_state, ledger_balance, already_cleared)
+        VALUES (txn, p_processed_at, res, reason, p_fingerprints[i], acct, p_amounts[i], cur,
+                kind, p_correlation_ids[i], p_message_ids[i], p_source_topic, p_partitions[i],
                 p_offsets[i], p_batch_id, avail, a.status, a.currency, rule, orig, applied,
-                is_forced, is_orphan)
+                is_forced, is_orphan, p_billing_amounts[i], p_billing_currencies[i],
+                p_partial_ok[i], granted, CASE WHEN kind = 'CLEARING' THEN fin END,
+                hold_seen,
+                CASE WHEN kind = 'BALANCE_INQUIRY' AND res = 'APPROVED' THEN a.balance END,
+                cleared)
             ON CONFLICT (txn_id) DO NOTHING;
         IF NOT FOUND THEN
             RAISE EXCEPTION 'claim of % lost: another replica decided first', txn
                   USING ERRCODE = 'PA409';
         END IF;
-        IF kind NOT IN ('PURCHASE', 'REFUND') THEN
+        IF kind IN ('AUTHORIZATION', 'ADVICE', 'REVERSAL', 'CLEARING', 'INCREMENTAL') THEN
             INSERT INTO lifecycle_messages
                    (txn_id, kind, account_id, amount, currency, fingerprint, original_txn_id,
                     result, decline_reason, amount_applied, forced, orphan, ended_hold,
-                    correlation_id, processed_at)
-            VALUES (txn, kind, acct, amt, cur, p_fingerprints[i], orig, res, reason, applied,
-                    is_forced, is_orphan, ended, p_correlation_ids[i], p_processed_at)
+                    correlation_id, processed_at, final, amount_approved)
+            VALUES (txn, kind, acct, p_amounts[i], cur, p_fingerprints[i], orig, res, reason,
+                    applied, is_forced, is_orphan, ended, p_correlation_ids[i], p_processed_at,
+                    CASE WHEN kind = 'CLEARING' THEN fin END, granted)
                 ON CONFLICT (txn_id) DO NOTHING;
             IF NOT FOUND THEN  -- decided before the dedup record was purged
                 RAISE EXCEPTION 'lifecycle message % decided already', txn
@@ -294,8 +385,12 @@ BEGIN
             END IF;
         END IF;
         IF delta <> 0 THEN
-            INSERT INTO ledger_entries (txn_id, account_id, amount, currency, type, created_at)
-            VALUES (txn, acct, delta, cur, kind, p_processed_at)
+            INSERT INTO ledger_entries (txn_id, account_id, amount, currency, type, created_at,
+                                        request_fingerprint)
+            VALUES (txn, acct, delta, a.currency, kind, p_processed_at,
+                    CASE WHEN kind IN ('PURCHASE', 'REFUND')
+                              AND (granted <> p_amounts[i] OR a.currency <> cur)
+                         THEN p_fingerprints[i] END)
                 ON CONFLICT (txn_id) DO NOTHING;
             IF NOT FOUND THEN
                 RAISE EXCEPTION 'ledger entry % written already', txn USING ERRCODE = 'PA409';
@@ -303,7 +398,7 @@ BEGIN
         END IF;
         IF credit <> 0 THEN
             INSERT INTO ledger_entries (txn_id, account_id, amount, currency, type, created_at)
-            SELECT r.id, acct, r.amount, cur, 'REVERSAL', p_processed_at
+            SELECT r.id, acct, r.amount, a.currency, 'REVERSAL', p_processed_at
               FROM unnest(credit_ids, credits) WITH ORDINALITY AS r(id, amount, k)
              ORDER BY r.k
                 ON CONFLICT (txn_id) DO NOTHING;
@@ -322,11 +417,20 @@ BEGIN
 
         result := res; decline_reason := reason; amount_applied := applied::text;
         forced := is_forced; orphan := is_orphan; mismatch := NULL;
-        -- What the message itself changed: a hold placed counts whole here, the orphans
-        -- it applied count in their own events (applied_*).
+        -- What the message itself changed: a hold placed counts whole (net of the clearings
+        -- before it), the orphans it applied count in their own events (applied_*).
         balance_delta := delta::text;
         held_delta := (CASE WHEN kind IN ('AUTHORIZATION', 'ADVICE') AND res = 'APPROVED'
-                            THEN amt ELSE hold_delta END)::text;
+                            THEN granted - coalesce(cleared, 0) ELSE hold_delta END)::text;
+        approved := granted::text;
+        partial := CASE WHEN kind IN ('PURCHASE', 'AUTHORIZATION') AND granted IS NOT NULL
+                        THEN granted < amt END;
+        ledger_balance := CASE WHEN kind = 'BALANCE_INQUIRY' AND res = 'APPROVED'
+                               THEN a.balance::text END;
+        available_balance := CASE WHEN kind = 'BALANCE_INQUIRY' AND res = 'APPROVED'
+                                  THEN avail::text END;
+        account_currency := a.currency;
+        already_cleared := cleared::text;
         applied_ids := o_ids; applied_amounts := o_amounts; applied_correlations := o_corrs;
         RETURN NEXT;
     END LOOP;

@@ -1,34 +1,42 @@
 -- payauth_authorize_lifecycle: payauth_authorize's route for the lifecycle's common path
 -- (sql/payauth_authorize.sql says which batches take it, and calls it with the accounts
 -- locked): every original a hold found, or an AUTHORIZATION/ADVICE placed earlier in the
--- batch, of the message's own account and currency; no orphan reversal waiting; every
--- ADVICE and CLEARING of a known account and in its currency (a purchase, refund or
--- authorization of an unknown account or in another currency is declined here, by
--- payauth_decide, as the loop declines it).
+-- batch, of the message's own account; no orphan reversal or early clearing waiting; every
+-- ADVICE, CLEARING, REVERSAL and INCREMENTAL of a known account with an amount in its
+-- currency (any other kind of an unknown account or with no amount in the account's
+-- currency is declined here, by payauth_decide, as the loop declines it).
 --
 -- Set-based: the batch's accounts and the holds its messages name are read (and the holds
 -- locked) once, every message is decided in offset order in memory (arrays), then each
 -- table is written by one statement. The decision is payauth_decide's, called for each
--- message as the loop calls it; the rules it applies are payauth_authorize_each's for the
--- same messages (integration/sql/test_payauth_authorize.py holds the two to the same rows).
--- balance_delta and held_delta: what each message itself changed.
+-- message as the loop calls it, on the amount in the account's currency
+-- (payauth_account_amount) and approving what payauth_approved says; the rules it applies
+-- are payauth_authorize_each's for the same messages (integration/sql/
+-- test_payauth_authorize.py holds the two to the same rows). One row per message, the
+-- columns of payauth_authorize (without the orphans: none waits on this route).
 CREATE OR REPLACE FUNCTION payauth_authorize_lifecycle(
-    p_txn_ids          text[],
-    p_account_ids      text[],
-    p_amounts          numeric[],
-    p_currencies       text[],
-    p_auth_types       text[],
-    p_fingerprints     text[],
-    p_correlation_ids  text[],
-    p_message_ids      text[],
-    p_partitions       integer[],
-    p_offsets          bigint[],
-    p_processed_at     timestamptz,
-    p_source_topic     text,
-    p_batch_id         uuid,
-    p_originals        text[]
+    p_txn_ids            text[],
+    p_account_ids        text[],
+    p_amounts            numeric[],
+    p_currencies         text[],
+    p_auth_types         text[],
+    p_fingerprints       text[],
+    p_correlation_ids    text[],
+    p_message_ids        text[],
+    p_partitions         integer[],
+    p_offsets            bigint[],
+    p_processed_at       timestamptz,
+    p_source_topic       text,
+    p_batch_id           uuid,
+    p_originals          text[],
+    p_billing_amounts    numeric[],
+    p_billing_currencies text[],
+    p_partial_ok         boolean[],
+    p_final              boolean[]
 ) RETURNS TABLE (result text, decline_reason text, amount_applied text, forced boolean,
-                 orphan boolean, mismatch text, balance_delta text, held_delta text)
+                 orphan boolean, mismatch text, balance_delta text, held_delta text,
+                 approved text, partial boolean, ledger_balance text,
+                 available_balance text, account_currency text, already_cleared text)
 LANGUAGE plpgsql
 AS $$
 #variable_conflict use_column
@@ -47,6 +55,7 @@ DECLARE
     hcur       text[];
     hkind      text[];
     hamt       numeric[];
+    hinc       numeric[];  -- what increments added
     hrem       numeric[];
     hstate     text[];
     hby        text[];
@@ -58,13 +67,18 @@ DECLARE
     res        text[] := '{}';
     reasons    text[] := '{}';
     applied    numeric[] := '{}';
+    grants     numeric[] := '{}';  -- in the account's currency; NULL for a decline
+    amts       numeric[] := '{}';  -- each message's amount in its account's currency
     forced_    boolean[] := '{}';
     ended      boolean[] := '{}';
     deltas     numeric[] := '{}';
     hdeltas    numeric[] := '{}';
     seen_bal   numeric[] := '{}';
+    seen_ledger numeric[] := '{}';
     seen_stat  text[] := '{}';
     seen_cur   text[] := '{}';
+    seen_hold  text[] := '{}';     -- an INCREMENTAL's hold state, as its decision read it
+    asked      text[] := '{}';     -- a ledger entry's request fingerprint, when needed
     j          integer;
     k          integer;
     kind       text;
@@ -92,9 +106,10 @@ BEGIN
     SELECT coalesce(array_agg(h.txn_id ORDER BY h.txn_id), '{}'),
            array_agg(h.account_id ORDER BY h.txn_id), array_agg(h.currency::text ORDER BY h.txn_id),
            array_agg(h.kind ORDER BY h.txn_id), array_agg(h.amount ORDER BY h.txn_id),
+           array_agg(h.incremented ORDER BY h.txn_id),
            array_agg(h.remaining ORDER BY h.txn_id), array_agg(h.state ORDER BY h.txn_id),
            array_agg(h.ended_by ORDER BY h.txn_id), array_agg(h.released ORDER BY h.txn_id)
-      INTO hkeys, hacct, hcur, hkind, hamt, hrem, hstate, hby, hrel
+      INTO hkeys, hacct, hcur, hkind, hamt, hinc, hrem, hstate, hby, hrel
       FROM holds h WHERE h.txn_id = ANY(p_originals);
     n_found := coalesce(array_length(hkeys, 1), 0);
     SELECT hkeys || coalesce(array_agg(t.id ORDER BY t.ord), '{}') INTO hkeys
@@ -106,6 +121,7 @@ BEGIN
     hcur := coalesce(hcur, '{}') || array_fill(NULL::text, ARRAY[k]);
     hkind := coalesce(hkind, '{}') || array_fill(NULL::text, ARRAY[k]);
     hamt := coalesce(hamt, '{}') || array_fill(NULL::numeric, ARRAY[k]);
+    hinc := coalesce(hinc, '{}') || array_fill(0::numeric, ARRAY[k]);
     hrem := coalesce(hrem, '{}') || array_fill(NULL::numeric, ARRAY[k]);
     hstate := coalesce(hstate, '{}') || array_fill(NULL::text, ARRAY[k]);
     hby := coalesce(hby, '{}') || array_fill(NULL::text, ARRAY[k]);
@@ -125,33 +141,53 @@ BEGIN
     -- Decide in offset order, in memory: each message sees the balances and holds the ones
     -- before it left. Every original is a hold found or one the batch placed earlier (the
     -- route says so); one placed earlier may have been declined: a REVERSAL of it changes
-    -- nothing, a CLEARING of it is forced.
+    -- nothing, a CLEARING of it is forced, an INCREMENTAL of it is declined.
     FOR i IN 1..n LOOP
-        j := aslot[i]; kind := p_auth_types[i]; amt := p_amounts[i];
-        seen_bal[i] := bals[j] - helds[j]; seen_stat[i] := stats[j]; seen_cur[i] := curs[j];
-        applied[i] := NULL; forced_[i] := NULL; ended[i] := false;
-        deltas[i] := 0; hdeltas[i] := 0;
+        j := aslot[i]; kind := p_auth_types[i];
+        amt := payauth_account_amount(curs[j], p_currencies[i], p_amounts[i],
+                                      p_billing_currencies[i], p_billing_amounts[i]);
+        amts[i] := amt;
+        seen_bal[i] := bals[j] - helds[j]; seen_ledger[i] := bals[j];
+        seen_stat[i] := stats[j]; seen_cur[i] := curs[j];
+        applied[i] := NULL; forced_[i] := NULL; ended[i] := false; grants[i] := NULL;
+        deltas[i] := 0; hdeltas[i] := 0; seen_hold[i] := NULL;
         k := oslot[i];
         IF p_originals[i] IS NOT NULL AND k IS NULL THEN
             RAISE EXCEPTION 'the original % of % is off the lifecycle route',
                             p_originals[i], p_txn_ids[i];
         END IF;
-        decision := payauth_decide(seen_bal[i], stats[j], curs[j], p_currencies[i], kind, amt);
+        IF kind = 'INCREMENTAL' THEN
+            seen_hold[i] := CASE WHEN hlive[k] AND hacct[k] = p_account_ids[i]
+                                 THEN hstate[k] END;
+        END IF;
+        decision := payauth_decide(seen_bal[i], stats[j], kind, amt, seen_hold[i],
+                                   coalesce(p_partial_ok[i], false));
         IF decision IS NULL THEN  -- a broken rule stops the partition, it never approves
             RAISE EXCEPTION 'payauth_decide returned NULL for transaction %', p_txn_ids[i];
         END IF;
-        res[i] := CASE WHEN decision = 'APPROVED' THEN 'APPROVED' ELSE 'DECLINED' END;
-        reasons[i] := CASE WHEN decision = 'APPROVED' THEN NULL ELSE decision END;
+        IF decision IN ('APPROVED', 'PARTIAL') THEN
+            res[i] := 'APPROVED'; reasons[i] := NULL;
+            grants[i] := coalesce(payauth_approved(decision, amt, seen_bal[i]), 0);
+        ELSE
+            res[i] := 'DECLINED'; reasons[i] := decision;
+        END IF;
         IF res[i] = 'APPROVED' AND kind = 'PURCHASE' THEN
-            deltas[i] := -amt;
+            deltas[i] := -grants[i];
         ELSIF res[i] = 'APPROVED' AND kind = 'REFUND' THEN
-            deltas[i] := amt;
+            deltas[i] := grants[i];
         ELSIF kind IN ('AUTHORIZATION', 'ADVICE') THEN
             IF res[i] = 'APPROVED' THEN
                 k := pslot[i];
-                hacct[k] := p_account_ids[i]; hcur[k] := p_currencies[i]; hkind[k] := kind;
-                hamt[k] := amt; hrem[k] := amt; hstate[k] := 'ACTIVE'; hlive[k] := true;
-                hdeltas[i] := amt; applied[i] := amt;
+                hacct[k] := p_account_ids[i]; hcur[k] := curs[j]; hkind[k] := kind;
+                hamt[k] := grants[i]; hrem[k] := grants[i]; hstate[k] := 'ACTIVE';
+                hlive[k] := true;
+                hdeltas[i] := grants[i]; applied[i] := grants[i];
+            END IF;
+        ELSIF kind = 'INCREMENTAL' THEN
+            IF res[i] = 'APPROVED' THEN
+                hinc[k] := hinc[k] + grants[i]; hrem[k] := hrem[k] + grants[i];
+                htouched[k] := k <= n_found;
+                hdeltas[i] := grants[i]; applied[i] := grants[i];
             END IF;
         ELSIF kind = 'REVERSAL' THEN
             applied[i] := 0;
@@ -162,31 +198,42 @@ BEGIN
                 IF ended[i] THEN
                     hstate[k] := 'REVERSED'; hby[k] := p_txn_ids[i]; hrel[k] := applied[i];
                 END IF;
-                htouched[k] := true;
+                htouched[k] := k <= n_found;
                 hdeltas[i] := -applied[i];
             END IF;
         ELSIF kind = 'CLEARING' THEN
             forced_[i] := p_originals[i] IS NULL OR NOT hlive[k];
             applied[i] := 0;
             IF NOT forced_[i] AND hstate[k] = 'ACTIVE' THEN
-                applied[i] := hrem[k]; ended[i] := true;
-                hrel[k] := hrem[k]; hrem[k] := 0; hstate[k] := 'CLEARED'; hby[k] := p_txn_ids[i];
-                htouched[k] := true;
+                IF coalesce(p_final[i], true) THEN  -- ends the hold, whatever remains
+                    applied[i] := hrem[k]; ended[i] := true;
+                    hrel[k] := hrem[k]; hrem[k] := 0; hstate[k] := 'CLEARED';
+                    hby[k] := p_txn_ids[i];
+                ELSE  -- releases as much as it posts, the hold stays
+                    applied[i] := least(amt, hrem[k]);
+                    hrem[k] := hrem[k] - applied[i];
+                END IF;
+                htouched[k] := k <= n_found;
                 hdeltas[i] := -applied[i];
             END IF;
             deltas[i] := -amt;
         END IF;
+        -- (A lifecycle message is recognised by its lifecycle record, fingerprint and all.)
+        asked[i] := CASE WHEN deltas[i] <> 0 AND kind IN ('PURCHASE', 'REFUND')
+                              AND (grants[i] <> p_amounts[i] OR curs[j] <> p_currencies[i])
+                         THEN p_fingerprints[i] END;
         bals[j] := bals[j] + deltas[i]; helds[j] := helds[j] + hdeltas[i];
     END LOOP;
 
     -- The holds placed (as the batch leaves them), then the ones found that it changed: a
     -- conditional UPDATE that finds each still ACTIVE (it is locked: it is).
-    INSERT INTO holds (txn_id, account_id, currency, kind, amount, remaining, state, ended_at,
-                       ended_by, released)
-    SELECT u.id, u.acct, u.cur, u.kind, u.amt, u.rem, u.state,
+    INSERT INTO holds (txn_id, account_id, currency, kind, amount, incremented, remaining,
+                       state, ended_at, ended_by, released)
+    SELECT u.id, u.acct, u.cur, u.kind, u.amt, u.inc, u.rem, u.state,
            CASE WHEN u.state <> 'ACTIVE' THEN now() END, u.by, u.rel
-      FROM unnest(hkeys, hacct, hcur, hkind, hamt, hrem, hstate, hby, hrel, hlive)
-               WITH ORDINALITY AS u(id, acct, cur, kind, amt, rem, state, by, rel, live, pos)
+      FROM unnest(hkeys, hacct, hcur, hkind, hamt, hinc, hrem, hstate, hby, hrel, hlive)
+               WITH ORDINALITY
+               AS u(id, acct, cur, kind, amt, inc, rem, state, by, rel, live, pos)
      WHERE u.pos > n_found AND u.live
         ON CONFLICT (txn_id) DO NOTHING;
     GET DIAGNOSTICS n_written = ROW_COUNT;
@@ -196,11 +243,12 @@ BEGIN
               USING ERRCODE = 'PA409';
     END IF;
     UPDATE holds h
-       SET remaining = u.rem, state = u.state,
+       SET remaining = u.rem, incremented = u.inc, state = u.state,
            ended_at = CASE WHEN u.state <> 'ACTIVE' THEN now() END,
            ended_by = u.by, released = u.rel
-      FROM unnest(hkeys[1:n_found], hrem[1:n_found], hstate[1:n_found], hby[1:n_found],
-                  hrel[1:n_found], htouched[1:n_found]) AS u(id, rem, state, by, rel, touched)
+      FROM unnest(hkeys[1:n_found], hrem[1:n_found], hinc[1:n_found], hstate[1:n_found],
+                  hby[1:n_found], hrel[1:n_found], htouched[1:n_found])
+           AS u(id, rem, inc, state, by, rel, touched)
      WHERE u.touched AND h.txn_id = u.id AND h.state = 'ACTIVE';
     GET DIAGNOSTICS n_written = ROW_COUNT;
     IF n_written <> (SELECT count(*) FROM unnest(htouched[1:n_found]) AS t WHERE t) THEN
@@ -213,15 +261,20 @@ BEGIN
             amount, currency, authorization_type, correlation_id, message_id,
             source_topic, source_partition, source_offset, batch_id, input_balance,
             input_status, input_currency, rule_version, original_txn_id, amount_applied,
-            forced, orphan)
+            forced, orphan, billing_amount, billing_currency, partial_ok, amount_approved,
+            final, input_hold_state, ledger_balance)
     SELECT t.txn, p_processed_at, t.res, t.reason, t.fp, t.acct, t.amt, t.cur, t.kind, t.corr,
            t.msg, p_source_topic, t.part, t.off, p_batch_id, t.bal, t.stat, t.acur, rule,
-           t.orig, t.applied, t.forced, NULL
+           t.orig, t.applied, t.forced, NULL, t.bamt, t.bcur, t.pok, t.approved,
+           CASE WHEN t.kind = 'CLEARING' THEN coalesce(t.fin, true) END, t.hold,
+           CASE WHEN t.kind = 'BALANCE_INQUIRY' AND t.res = 'APPROVED' THEN t.lb END
       FROM unnest(p_txn_ids, res, reasons, p_fingerprints, p_account_ids, p_amounts,
                   p_currencies, p_auth_types, p_correlation_ids, p_message_ids, p_partitions,
-                  p_offsets, seen_bal, seen_stat, seen_cur, p_originals, applied, forced_)
+                  p_offsets, seen_bal, seen_stat, seen_cur, p_originals, applied, forced_,
+                  p_billing_amounts, p_billing_currencies, p_partial_ok, grants, p_final,
+                  seen_hold, seen_ledger)
            AS t(txn, res, reason, fp, acct, amt, cur, kind, corr, msg, part, off, bal, stat,
-                acur, orig, applied, forced)
+                acur, orig, applied, forced, bamt, bcur, pok, approved, fin, hold, lb)
         ON CONFLICT (txn_id) DO NOTHING;
     GET DIAGNOSTICS n_written = ROW_COUNT;
     IF n_written <> n THEN
@@ -231,25 +284,29 @@ BEGIN
     INSERT INTO lifecycle_messages
            (txn_id, kind, account_id, amount, currency, fingerprint, original_txn_id,
             result, decline_reason, amount_applied, forced, orphan, ended_hold,
-            correlation_id, processed_at)
+            correlation_id, processed_at, final, amount_approved)
     SELECT t.txn, t.kind, t.acct, t.amt, t.cur, t.fp, t.orig, t.res, t.reason, t.applied,
-           t.forced, NULL, t.ended, t.corr, p_processed_at
+           t.forced, NULL, t.ended, t.corr, p_processed_at,
+           CASE WHEN t.kind = 'CLEARING' THEN coalesce(t.fin, true) END, t.approved
       FROM unnest(p_txn_ids, p_auth_types, p_account_ids, p_amounts, p_currencies,
                   p_fingerprints, p_originals, res, reasons, applied, forced_, ended,
-                  p_correlation_ids)
-           AS t(txn, kind, acct, amt, cur, fp, orig, res, reason, applied, forced, ended, corr)
-     WHERE t.kind NOT IN ('PURCHASE', 'REFUND')
+                  p_correlation_ids, p_final, grants)
+           AS t(txn, kind, acct, amt, cur, fp, orig, res, reason, applied, forced, ended,
+                corr, fin, approved)
+     WHERE t.kind IN ('AUTHORIZATION', 'ADVICE', 'REVERSAL', 'CLEARING', 'INCREMENTAL')
         ON CONFLICT (txn_id) DO NOTHING;
     GET DIAGNOSTICS n_written = ROW_COUNT;
     IF n_written <> (SELECT count(*) FROM unnest(p_auth_types) AS t(kind)
-                      WHERE t.kind NOT IN ('PURCHASE', 'REFUND')) THEN
+                      WHERE t.kind IN ('AUTHORIZATION', 'ADVICE', 'REVERSAL', 'CLEARING',
+                                       'INCREMENTAL')) THEN
         RAISE EXCEPTION 'a lifecycle message of the batch was decided already'
               USING ERRCODE = 'PA409';
     END IF;
-    INSERT INTO ledger_entries (txn_id, account_id, amount, currency, type, created_at)
-    SELECT t.txn, t.acct, t.delta, t.cur, t.kind, p_processed_at
-      FROM unnest(p_txn_ids, p_account_ids, deltas, p_currencies, p_auth_types)
-           AS t(txn, acct, delta, cur, kind)
+    INSERT INTO ledger_entries (txn_id, account_id, amount, currency, type, created_at,
+                                request_fingerprint)
+    SELECT t.txn, t.acct, t.delta, t.cur, t.kind, p_processed_at, t.asked
+      FROM unnest(p_txn_ids, p_account_ids, deltas, seen_cur, p_auth_types, asked)
+           AS t(txn, acct, delta, cur, kind, asked)
      WHERE t.delta <> 0
         ON CONFLICT (txn_id) DO NOTHING;
     GET DIAGNOSTICS n_written = ROW_COUNT;
@@ -267,9 +324,16 @@ BEGIN
      WHERE a.account_id = d.acct;
 
     RETURN QUERY
-    SELECT u.r, u.w, u.a::text, u.f, NULL::boolean, NULL::text, u.d::text, u.h::text
-      FROM unnest(res, reasons, applied, forced_, deltas, hdeltas)
-           WITH ORDINALITY AS u(r, w, a, f, d, h, k)
+    SELECT u.r, u.w, u.a::text, u.f, NULL::boolean, NULL::text, u.d::text, u.h::text,
+           u.ap::text,
+           CASE WHEN u.kind IN ('PURCHASE', 'AUTHORIZATION') AND u.ap IS NOT NULL
+                THEN u.ap < u.amt END,
+           CASE WHEN u.kind = 'BALANCE_INQUIRY' AND u.r = 'APPROVED' THEN u.lb::text END,
+           CASE WHEN u.kind = 'BALANCE_INQUIRY' AND u.r = 'APPROVED' THEN u.ab::text END,
+           u.acur, NULL::text
+      FROM unnest(res, reasons, applied, forced_, deltas, hdeltas, grants, p_auth_types,
+                  amts, seen_ledger, seen_bal, seen_cur)
+           WITH ORDINALITY AS u(r, w, a, f, d, h, ap, kind, amt, lb, ab, acur, k)
      ORDER BY u.k;
 END
 $$;

@@ -1,56 +1,80 @@
--- payauth_authorize_purchases: payauth_authorize's route for a batch of purchases and
--- refunds that no orphan reversal waits for (sql/payauth_authorize.sql chooses it, with the
--- accounts locked). Set-based: read the accounts once, decide each message in offset order
--- against the available balance (balance - held) the ones before it left, with
--- payauth_decide, in memory; then one statement claims the keys, writes the ledger and
--- moves the balances. The claim is the unique index on processed_transactions.txn_id: an
--- INSERT of a key that another open transaction inserted waits for it, then conflicts;
--- fewer claimed than sent raises SQLSTATE PA409 and the whole statement is rolled back.
+-- payauth_authorize_purchases: payauth_authorize's route for a batch of PURCHASE, REFUND,
+-- VERIFICATION and BALANCE_INQUIRY that no orphan reversal waits for (sql/payauth_authorize.sql
+-- chooses it, with the accounts locked). Set-based: read the accounts once, decide each
+-- message in offset order against the available balance (balance - held) the ones before
+-- it left, with payauth_decide, in memory; then one statement claims the keys, writes the
+-- ledger and moves the balances. The claim is the unique index on
+-- processed_transactions.txn_id: an INSERT of a key that another open transaction inserted
+-- waits for it, then conflicts; fewer claimed than sent raises SQLSTATE PA409 and the
+-- whole statement is rolled back.
+--
+-- What moves is the amount in the account's currency (payauth_account_amount: the amount,
+-- or the network's billing amount), as much of it as payauth_approved approves (a partial
+-- approval: the available balance). A VERIFICATION moves nothing; a BALANCE_INQUIRY moves
+-- nothing and keeps the balances it read, which its event gives (and every republication
+-- of it, whatever the balance is by then). The ledger entry is in the account's currency;
+-- its request's fingerprint is kept beside it when the entry alone does not say what was
+-- asked (a partial approval, a conversion).
+--
+-- One row per message: result, decline reason, what was approved when that is not the
+-- amount as sent (a partial approval, a conversion; NULL otherwise), true for a partial
+-- approval (NULL otherwise), an inquiry's ledger and available balances, and the account's
+-- currency (NULL: no such account).
 CREATE OR REPLACE FUNCTION payauth_authorize_purchases(
-    p_txn_ids          text[],
-    p_account_ids      text[],
-    p_amounts          numeric[],
-    p_currencies       text[],
-    p_auth_types       text[],
-    p_fingerprints     text[],
-    p_correlation_ids  text[],
-    p_message_ids      text[],
-    p_partitions       integer[],
-    p_offsets          bigint[],
-    p_processed_at     timestamptz,
-    p_source_topic     text,
-    p_batch_id         uuid
-) RETURNS TABLE (result text, decline_reason text)
+    p_txn_ids           text[],
+    p_account_ids       text[],
+    p_amounts           numeric[],
+    p_currencies        text[],
+    p_auth_types        text[],
+    p_fingerprints      text[],
+    p_correlation_ids   text[],
+    p_message_ids       text[],
+    p_partitions        integer[],
+    p_offsets           bigint[],
+    p_processed_at      timestamptz,
+    p_source_topic      text,
+    p_batch_id          uuid,
+    p_billing_amounts   numeric[],
+    p_billing_currencies text[],
+    p_partial_ok        boolean[]
+) RETURNS TABLE (result text, decline_reason text, approved text, partial boolean,
+                 ledger_balance text, available_balance text, account_currency text)
 LANGUAGE plpgsql
 AS $$
 #variable_conflict use_column
 DECLARE
     n          integer := coalesce(array_length(p_txn_ids, 1), 0);
     ids        text[];     -- the batch's distinct accounts, in lock order
-    balances   numeric[];  -- aligned with ids; NULL for an unknown account
+    bals       numeric[];  -- aligned with ids: the ledger balance; NULL: unknown account
+    helds      numeric[];  -- what its active holds keep
     currencies text[];
     statuses   text[];
-    slot       integer[];  -- for each authorization, its account's position in ids
-    rule       text;       -- payauth_decide's version
+    slot       integer[];  -- for each message, its account's position in ids
+    rule       text;       -- the rule's version
     decision   text;
-    seen_bal   numeric[] := '{}';  -- what each authorization's decision read
+    amt        numeric;    -- the message's amount in its account's currency
+    seen_bal   numeric[] := '{}';  -- what each decision read: the available balance
+    seen_ledger numeric[] := '{}'; -- and the ledger balance (an inquiry's figure)
     seen_stat  text[] := '{}';
     seen_cur   text[] := '{}';
     results    text[] := '{}';
     reasons    text[] := '{}';
+    grants     numeric[] := '{}';  -- in the account's currency; NULL for a decline
     deltas     numeric[] := '{}';
+    asked      text[] := '{}';     -- a ledger entry's request fingerprint, when needed
     j          integer;
     n_claimed  bigint;
     n_ledger   bigint;
-    n_approved bigint;
+    n_posted   bigint;
 BEGIN
     IF n = 0 THEN
         RETURN;
     END IF;
 
-    SELECT array_agg(k.id ORDER BY k.id), array_agg(a.balance - a.held ORDER BY k.id),
-           array_agg(a.currency::text ORDER BY k.id), array_agg(a.status ORDER BY k.id)
-      INTO ids, balances, currencies, statuses
+    SELECT array_agg(k.id ORDER BY k.id), array_agg(a.balance ORDER BY k.id),
+           array_agg(a.held ORDER BY k.id), array_agg(a.currency::text ORDER BY k.id),
+           array_agg(a.status ORDER BY k.id)
+      INTO ids, bals, helds, currencies, statuses
       FROM (SELECT DISTINCT unnest(p_account_ids) AS id) k
       LEFT JOIN accounts a ON a.account_id = k.id;
 
@@ -60,24 +84,32 @@ BEGIN
 
     rule := payauth_rule_version();
 
-    -- Decide in offset order; each authorization sees the available balance the ones
-    -- before it left (the ledger balance less what active holds keep).
+    -- Decide in offset order; each message sees the available balance the ones before it
+    -- left (the ledger balance less what active holds keep).
     FOR i IN 1..n LOOP
         j := slot[i];
-        seen_bal[i] := balances[j]; seen_stat[i] := statuses[j]; seen_cur[i] := currencies[j];
-        decision := payauth_decide(balances[j], statuses[j], currencies[j], p_currencies[i],
-                                   p_auth_types[i], p_amounts[i]);
+        seen_bal[i] := bals[j] - helds[j]; seen_ledger[i] := bals[j];
+        seen_stat[i] := statuses[j]; seen_cur[i] := currencies[j];
+        amt := payauth_account_amount(currencies[j], p_currencies[i], p_amounts[i],
+                                      p_billing_currencies[i], p_billing_amounts[i]);
+        decision := payauth_decide(seen_bal[i], statuses[j], p_auth_types[i], amt, NULL,
+                                   coalesce(p_partial_ok[i], false));
         IF decision IS NULL THEN  -- a broken rule stops the partition, it never approves
             RAISE EXCEPTION 'payauth_decide returned NULL for transaction %', p_txn_ids[i];
-        ELSIF decision <> 'APPROVED' THEN
+        ELSIF decision NOT IN ('APPROVED', 'PARTIAL') THEN
             results[i] := 'DECLINED'; reasons[i] := decision; deltas[i] := 0;
-        ELSIF p_auth_types[i] = 'REFUND' THEN
-            results[i] := 'APPROVED'; reasons[i] := NULL; deltas[i] := p_amounts[i];
-            balances[j] := balances[j] + p_amounts[i];
+            grants[i] := NULL;
         ELSE
-            results[i] := 'APPROVED'; reasons[i] := NULL; deltas[i] := -p_amounts[i];
-            balances[j] := balances[j] - p_amounts[i];
+            results[i] := 'APPROVED'; reasons[i] := NULL;
+            -- (An inquiry in another currency than the account's approves no amount.)
+            grants[i] := coalesce(payauth_approved(decision, amt, seen_bal[i]), 0);
+            deltas[i] := CASE p_auth_types[i] WHEN 'PURCHASE' THEN -grants[i]
+                                              WHEN 'REFUND' THEN grants[i] ELSE 0 END;
+            bals[j] := bals[j] + deltas[i];
         END IF;
+        asked[i] := CASE WHEN deltas[i] <> 0 AND (grants[i] <> p_amounts[i]
+                                                  OR currencies[j] <> p_currencies[i])
+                         THEN p_fingerprints[i] END;
     END LOOP;
 
     -- Claim the keys (the unique index serializes replicas: an INSERT of a key another open
@@ -86,50 +118,70 @@ BEGIN
         SELECT *
           FROM unnest(p_txn_ids, p_account_ids, p_amounts, p_currencies, p_auth_types,
                       results, reasons, p_fingerprints, p_correlation_ids, p_message_ids,
-                      deltas, p_partitions, p_offsets, seen_bal, seen_stat, seen_cur)
+                      deltas, p_partitions, p_offsets, seen_bal, seen_stat, seen_cur,
+                      p_billing_amounts, p_billing_currencies, p_partial_ok, grants,
+                      seen_ledger, asked)
             AS t(txn_id, account_id, amount, currency, auth_type, result, decline_reason,
                  fingerprint, correlation_id, message_id, delta, source_partition,
-                 source_offset, input_balance, input_status, input_currency)
+                 source_offset, input_balance, input_status, input_currency, billing_amount,
+                 billing_currency, partial_ok, approved, ledger_balance, asked)
     ), claimed AS (
         INSERT INTO processed_transactions
                (txn_id, processed_at, result, decline_reason, fingerprint, account_id,
                 amount, currency, authorization_type, correlation_id, message_id,
                 source_topic, source_partition, source_offset, batch_id, input_balance,
-                input_status, input_currency, rule_version)
+                input_status, input_currency, rule_version, billing_amount, billing_currency,
+                partial_ok, amount_approved, ledger_balance)
         SELECT i.txn_id, p_processed_at, i.result, i.decline_reason, i.fingerprint,
                i.account_id, i.amount, i.currency, i.auth_type, i.correlation_id,
                i.message_id, p_source_topic, i.source_partition, i.source_offset, p_batch_id,
-               i.input_balance, i.input_status, i.input_currency, rule
+               i.input_balance, i.input_status, i.input_currency, rule, i.billing_amount,
+               i.billing_currency, i.partial_ok, i.approved,
+               CASE WHEN i.auth_type = 'BALANCE_INQUIRY' AND i.result = 'APPROVED'
+                    THEN i.ledger_balance END
           FROM input i
             ON CONFLICT (txn_id) DO NOTHING
         RETURNING 1
     ), ledger AS (
-        INSERT INTO ledger_entries (txn_id, account_id, amount, currency, type, created_at)
-        SELECT i.txn_id, i.account_id, i.delta, i.currency, i.auth_type, p_processed_at
+        INSERT INTO ledger_entries (txn_id, account_id, amount, currency, type, created_at,
+                                    request_fingerprint)
+        SELECT i.txn_id, i.account_id, i.delta, i.input_currency, i.auth_type, p_processed_at,
+               i.asked
           FROM input i
-         WHERE i.result = 'APPROVED'
+         WHERE i.delta <> 0
             ON CONFLICT (txn_id) DO NOTHING
         RETURNING 1
     ), moved AS (
         UPDATE accounts a
            SET balance = a.balance + d.delta, updated_at = p_processed_at
           FROM (SELECT i.account_id, sum(i.delta) AS delta
-                  FROM input i WHERE i.result = 'APPROVED' GROUP BY i.account_id) d
+                  FROM input i WHERE i.delta <> 0 GROUP BY i.account_id) d
          WHERE a.account_id = d.account_id
         RETURNING 1
     )
     SELECT (SELECT count(*) FROM claimed), (SELECT count(*) FROM ledger)
       INTO n_claimed, n_ledger;
 
-    SELECT count(*) INTO n_approved FROM unnest(results) AS r WHERE r = 'APPROVED';
-    IF n_claimed <> n OR n_ledger <> n_approved THEN
+    SELECT count(*) INTO n_posted FROM unnest(deltas) AS d WHERE d <> 0;
+    IF n_claimed <> n OR n_ledger <> n_posted THEN
         RAISE EXCEPTION 'claimed % of % (ledger % of %): another replica decided first',
-                        n_claimed, n, n_ledger, n_approved
+                        n_claimed, n, n_ledger, n_posted
               USING ERRCODE = 'PA409';
     END IF;
 
-    RETURN QUERY SELECT u.r, u.w FROM unnest(results, reasons) WITH ORDINALITY AS u(r, w, k)
-                  ORDER BY u.k;
+    RETURN QUERY
+    SELECT u.r, u.w,
+           CASE WHEN u.a <> u.amount OR u.acur <> u.cur THEN u.a::text END,
+           CASE WHEN u.kind IN ('PURCHASE', 'AUTHORIZATION') AND u.a IS NOT NULL
+                     AND u.a < payauth_account_amount(u.acur, u.cur, u.amount, u.bcur, u.bamt)
+                THEN true END,
+           CASE WHEN u.kind = 'BALANCE_INQUIRY' AND u.r = 'APPROVED' THEN u.lb::text END,
+           CASE WHEN u.kind = 'BALANCE_INQUIRY' AND u.r = 'APPROVED' THEN u.ab::text END,
+           u.acur
+      FROM unnest(results, reasons, grants, p_amounts, seen_cur, p_currencies, p_auth_types,
+                  seen_ledger, seen_bal, p_billing_currencies, p_billing_amounts)
+           WITH ORDINALITY AS u(r, w, a, amount, acur, cur, kind, lb, ab, bcur, bamt, k)
+     ORDER BY u.k;
 END
 $$;
 

@@ -1,38 +1,47 @@
--- payauth_decide: the decision rule, alone. Pure, no table read: given what a decision
--- read (the account's available balance, NULL when there is no such account, its status
--- and currency) and the request, 'APPROVED' or the decline reason. The batch statements
--- call it for each message; `payauth replay --shadow` calls it on the inputs stored with
--- each decision. Its version (payauth_rule_version) is the md5 of its source: a change here
--- is a new rule version with nothing to bump by hand.
+-- payauth_decide: the decision rule, alone. Pure, no table read: given what a decision read
+-- (the account's available balance, NULL when there is no such account, and its status;
+-- for an INCREMENTAL, the state of the hold it names) and the request (its kind, its amount
+-- in the account's currency as payauth_account_amount gives it, NULL when there is none,
+-- and whether the merchant accepts a partial approval): 'APPROVED', 'PARTIAL' (approved for
+-- the available balance: payauth_approved) or the decline reason, the first that applies in
+-- the contract's order. The batch statements call it for each message; `payauth replay
+-- --shadow` calls it on the inputs stored with each decision. Its version
+-- (payauth_rule_version) is the md5 of its source and of the two rules beside it: a change
+-- here is a new rule version with nothing to bump by hand.
 --
--- PURCHASE and REFUND: account, status, currency, funds (a REFUND needs none). REVERSAL is
--- never declined (what it releases is capped by what remains). ADVICE and CLEARING are
--- never declined past the available balance nor for the account's status, only for an
--- unknown account or another currency than the account's (a hold or a posting in another
--- currency cannot be netted against it; payauth_mismatch dead-letters those as
--- LIFECYCLE_MISMATCH before the rule is asked).
+-- REVERSAL is never declined (what it releases is capped by what remains). ADVICE and
+-- CLEARING are never declined past the available balance nor for the account's status,
+-- only for an unknown account (payauth_mismatch dead-letters those with no amount in the
+-- account's currency before the rule is asked). A BALANCE_INQUIRY needs no amount in the
+-- account's currency (it moves none); a VERIFICATION checks the account as a purchase would,
+-- without funds. An INCREMENTAL needs its hold active; a partial approval is for PURCHASE
+-- and AUTHORIZATION only, and only while something is available.
 --
 -- A one-expression SQL function: the planner inlines it into the callers' loops.
 CREATE OR REPLACE FUNCTION payauth_decide(
-    balance          numeric,  -- the account's available balance; NULL: no such account
-    status           text,
-    account_currency text,
-    currency         text,     -- the request's
-    auth_type        text,
-    amount           numeric
-) RETURNS text  -- 'APPROVED' or the decline reason
+    balance    numeric,  -- the account's available balance; NULL: no such account
+    status     text,
+    auth_type  text,
+    amount     numeric,  -- in the account's currency (payauth_account_amount); NULL: none
+    hold_state text,     -- an INCREMENTAL's hold; NULL: no approved hold of the account
+    partial_ok boolean   -- the merchant accepts a partial approval
+) RETURNS text  -- 'APPROVED', 'PARTIAL' or the decline reason
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
     SELECT CASE
         WHEN auth_type = 'REVERSAL' THEN 'APPROVED'
         WHEN balance IS NULL THEN 'UNKNOWN_ACCOUNT'
-        WHEN auth_type IN ('ADVICE', 'CLEARING') AND account_currency = currency
-            THEN 'APPROVED'
+        WHEN auth_type IN ('ADVICE', 'CLEARING') AND amount IS NOT NULL THEN 'APPROVED'
         WHEN status <> 'ACTIVE' THEN 'ACCOUNT_BLOCKED'
-        WHEN account_currency <> currency THEN 'CURRENCY_MISMATCH'
-        WHEN auth_type = 'REFUND' THEN 'APPROVED'
-        WHEN balance < amount THEN 'INSUFFICIENT_FUNDS'
-        ELSE 'APPROVED'
+        WHEN auth_type = 'BALANCE_INQUIRY' THEN 'APPROVED'
+        WHEN amount IS NULL THEN 'CURRENCY_MISMATCH'
+        WHEN auth_type = 'INCREMENTAL' AND hold_state IS DISTINCT FROM 'ACTIVE'
+            THEN 'HOLD_NOT_ACTIVE'
+        WHEN auth_type IN ('REFUND', 'VERIFICATION') THEN 'APPROVED'
+        WHEN balance >= amount THEN 'APPROVED'
+        WHEN partial_ok AND auth_type IN ('PURCHASE', 'AUTHORIZATION') AND balance > 0
+            THEN 'PARTIAL'
+        ELSE 'INSUFFICIENT_FUNDS'
     END
 $$;
 

@@ -1,12 +1,15 @@
 -- payauth_rule_version: the decision rule's version, recorded with each decision and
--- compared by `payauth replay --shadow`: the first 12 hex digits of the md5 of
--- payauth_decide's source (sql/payauth_decide.sql), so that every change of the rule is a
--- new version.
+-- compared by `payauth replay --shadow`: the first 12 hex digits of the md5 of the sources
+-- of the rule's three functions (sql/payauth_decide.sql, sql/payauth_account_amount.sql,
+-- sql/payauth_approved.sql), in that order, so that every change of the rule is a new
+-- version.
 CREATE OR REPLACE FUNCTION payauth_rule_version() RETURNS text
 LANGUAGE sql STABLE
 AS $$
-    SELECT left(md5(p.prosrc), 12) FROM pg_proc p
-     WHERE p.oid = to_regprocedure('payauth_decide(numeric,text,text,text,text,numeric)')
+    SELECT left(md5(string_agg(p.prosrc, '' ORDER BY r.ord)), 12)
+      FROM unnest(ARRAY['payauth_decide', 'payauth_account_amount', 'payauth_approved'])
+           WITH ORDINALITY AS r(name, ord)
+      JOIN pg_proc p ON p.proname = r.name AND p.pronamespace = 'public'::regnamespace
 $$;
 
 REVOKE ALL ON FUNCTION payauth_rule_version FROM PUBLIC;

@@ -12,7 +12,7 @@ from typing import Any
 from service.domain.dedup import AppliedReversal, StoredResult
 from service.domain.messages import Authorization, fingerprint_of
 from service.domain.money import format_amount
-from service.domain.vocabulary import DeclineReason, Result
+from service.domain.vocabulary import AuthorizationType, DeclineReason, Result
 
 
 def _applied(text: str | None, currency: str) -> str | None:
@@ -33,10 +33,11 @@ def _reversals(ids: list[str] | None, amounts: list[str] | None,
 def decided_result(a: Authorization, row: Any, processed_at: datetime, batch_id: uuid.UUID,
                    partition: int) -> StoredResult:
     """A message of a batch as ``payauth_authorize`` answered for it: a decision, or why it
-    named an original it cannot (``mismatch``: nothing stored)."""
+    named an original it cannot (``mismatch``: nothing stored). Its amounts in the account's
+    currency are formatted in that currency's minor unit."""
     mismatch = row["mismatch"]
-    currency = a.currency
-    return StoredResult(
+    currency = row["account_currency"] or a.currency
+    record = StoredResult(
         transaction_id=a.transaction_id,
         fingerprint=a.fingerprint,
         result=Result.DECLINED if row["result"] == "DECLINED" else Result.APPROVED,
@@ -52,7 +53,7 @@ def decided_result(a: Authorization, row: Any, processed_at: datetime, batch_id:
         source_partition=partition,
         message_id=a.message_id,
         original_transaction_id=a.original_transaction_id,
-        amount_applied_text=_applied(row["amount_applied"], a.currency),
+        amount_applied_text=_applied(row["amount_applied"], currency),
         forced=row["forced"],
         orphan=row["orphan"],
         mismatch=mismatch,
@@ -60,12 +61,40 @@ def decided_result(a: Authorization, row: Any, processed_at: datetime, batch_id:
         held_delta_text=_applied(row["held_delta"], currency),
         reversals_applied=_reversals(row["applied_ids"], row["applied_amounts"],
                                      row["applied_correlations"], currency),
+        final=a.final if a.authorization_type == AuthorizationType.CLEARING else None,
     )
+    if mismatch is None:
+        with_day(record, a, row)
+    return record
+
+
+def with_day(record: StoredResult, a: Authorization, row: Any) -> StoredResult:
+    """An issuer's day's fields of a decision (``payauth_authorize``'s row): what was approved
+    (when not the amount as sent), a partial approval, the account's currency (when not the
+    message's), the conversion as sent, an inquiry's figures, what clearings before a hold
+    released of it."""
+    account_currency = row["account_currency"] or a.currency
+    if account_currency != a.currency:
+        record.account_currency = account_currency
+    approved = row["approved"]
+    if approved is not None and record.result is Result.APPROVED:
+        text = format_amount(Decimal(approved), account_currency)
+        if text != a.amount_text or account_currency != a.currency:
+            record.amount_approved_text = text
+    record.partial = bool(row["partial"])
+    record.billing_amount_text = a.billing_amount_text
+    record.billing_currency = a.billing_currency
+    record.ledger_balance_text = _applied(row["ledger_balance"], account_currency)
+    record.available_balance_text = _applied(row["available_balance"], account_currency)
+    record.already_cleared_text = _applied(row["already_cleared"], account_currency)
+    return record
 
 
 def stored_from_row(row: Any) -> StoredResult:
-    currency = row["currency"]
-    return StoredResult(
+    currency = row["account_currency"] or row["currency"]
+    kind = row["authorization_type"]
+    approved = row["approved_text"]
+    record = StoredResult(
         transaction_id=row["txn_id"],
         fingerprint=row["fingerprint"],
         result=Result(row["result"]),
@@ -73,7 +102,7 @@ def stored_from_row(row: Any) -> StoredResult:
         account_id=row["account_id"],
         amount_text=format_amount(Decimal(row["amount_text"]), row["currency"]),
         currency=row["currency"],
-        authorization_type=row["authorization_type"],
+        authorization_type=kind,
         correlation_id=row["correlation_id"],
         processed_at=row["processed_at"],
         published=row["published"],
@@ -87,18 +116,35 @@ def stored_from_row(row: Any) -> StoredResult:
         held_delta_text=_applied(row["held_delta"], currency),
         reversals_applied=_reversals(row["applied_ids"], row["applied_amounts"],
                                      row["applied_correlations"], currency),
+        account_currency=currency if currency != row["currency"] else None,
+        billing_currency=row["billing_currency"],
+        billing_amount_text=_applied(row["billing_text"], row["billing_currency"])
+        if row["billing_currency"] else None,
+        final=row["final"] if kind == AuthorizationType.CLEARING else None,
+        ledger_balance_text=_applied(row["ledger_text"], currency),
+        available_balance_text=_applied(row["available_text"], currency),
+        already_cleared_text=_applied(row["cleared_text"], currency),
     )
+    if approved is not None and record.result is Result.APPROVED:
+        text = format_amount(Decimal(approved), currency)
+        if text != record.amount_text or record.account_currency is not None:
+            record.amount_approved_text = text
+        record.partial = bool(row["partial"])
+    return record
 
 
 def stored_from_ledger(row: Any) -> StoredResult:
     # The dedup record is gone but the ledger still says what was approved, which is all the
-    # fingerprint covers; the event was published long ago (the record outlived delivery).
+    # fingerprint covers (or, when the entry does not say what was asked, as for a partial
+    # approval or a conversion, it keeps the request's fingerprint); the event was published
+    # long ago (the record outlived delivery).
     currency = row["currency"]
     amount_text = format_amount(Decimal(row["amount_text"]), currency)
     auth_type = row["authorization_type"]
     return StoredResult(
         transaction_id=row["txn_id"],
-        fingerprint=fingerprint_of(row["account_id"], amount_text, currency, auth_type),
+        fingerprint=row["request_fingerprint"]
+        or fingerprint_of(row["account_id"], amount_text, currency, auth_type),
         result=Result.APPROVED,
         decline_reason=None,
         account_id=row["account_id"],

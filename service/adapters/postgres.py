@@ -36,7 +36,12 @@ from typing import Any, NoReturn, Self
 import asyncpg
 
 from service.adapters.pg_columns import joined, split
-from service.adapters.pg_records import decided_result, stored_from_ledger, stored_from_row
+from service.adapters.pg_records import (
+    decided_result,
+    stored_from_ledger,
+    stored_from_row,
+    with_day,
+)
 from service.core import ports
 from service.core.ports import (
     ClaimLost,
@@ -99,24 +104,38 @@ SELECT p.txn_id, p.fingerprint, p.result, p.decline_reason, p.account_id,
            AS published,
        false AS from_ledger, p.original_txn_id, p.amount_applied::text AS applied_text,
        p.forced, p.orphan, d.balance_delta, d.held_delta, o.applied_ids, o.applied_amounts,
-       o.applied_correlations
+       o.applied_correlations, p.input_currency::text AS account_currency,
+       p.amount_approved::text AS approved_text,
+       p.amount_approved < payauth_account_amount(p.input_currency::text, p.currency::text,
+                                                  p.amount, p.billing_currency::text,
+                                                  p.billing_amount) AS partial,
+       p.billing_amount::text AS billing_text, p.billing_currency::text AS billing_currency,
+       p.final, p.ledger_balance::text AS ledger_text,
+       CASE WHEN p.ledger_balance IS NOT NULL THEN p.input_balance::text END AS available_text,
+       p.already_cleared::text AS cleared_text, NULL AS request_fingerprint
   FROM processed_transactions p
   LEFT JOIN LATERAL (
        SELECT (CASE WHEN p.result <> 'APPROVED' THEN 0
-                    WHEN p.authorization_type = 'CLEARING' THEN -p.amount
+                    WHEN p.authorization_type = 'CLEARING'
+                        THEN -coalesce(p.amount_approved, p.amount)
                     WHEN p.authorization_type = 'REVERSAL' AND NOT coalesce(p.orphan, false)
                         THEN coalesce((SELECT l.amount FROM ledger_entries l
                                         WHERE l.txn_id = p.txn_id), 0)
                     ELSE 0 END)::text AS balance_delta,
               (CASE WHEN p.result <> 'APPROVED' THEN 0
-                    WHEN p.authorization_type IN ('AUTHORIZATION', 'ADVICE') THEN p.amount
+                    WHEN p.authorization_type IN ('AUTHORIZATION', 'ADVICE')
+                        THEN coalesce(p.amount_approved, p.amount)
+                             - coalesce(p.already_cleared, 0)
+                    WHEN p.authorization_type = 'INCREMENTAL'
+                        THEN coalesce(p.amount_approved, 0)
                     WHEN p.authorization_type = 'CLEARING' THEN -coalesce(p.amount_applied, 0)
                     WHEN p.authorization_type = 'REVERSAL'
                          AND NOT EXISTS (SELECT 1 FROM ledger_entries l
                                           WHERE l.txn_id = p.txn_id)
                         THEN -coalesce(p.amount_applied, 0)
                     ELSE 0 END)::text AS held_delta
-        WHERE p.authorization_type NOT IN ('PURCHASE', 'REFUND')) d ON true
+        WHERE p.authorization_type NOT IN ('PURCHASE', 'REFUND', 'VERIFICATION',
+                                           'BALANCE_INQUIRY')) d ON true
   LEFT JOIN LATERAL (
        SELECT array_agg(r.txn_id ORDER BY r.arrived_at, r.txn_id) AS applied_ids,
               array_agg(r.applied::text ORDER BY r.arrived_at, r.txn_id) AS applied_amounts,
@@ -131,7 +150,7 @@ SELECT k.id, m.fingerprint, coalesce(m.result, 'APPROVED'), m.decline_reason,
        coalesce(m.currency, l.currency), coalesce(m.kind, l.type), m.correlation_id,
        coalesce(m.processed_at, l.created_at), NULL, NULL, true, m.txn_id IS NULL,
        m.original_txn_id, m.amount_applied::text, m.forced, m.orphan, NULL, NULL, NULL, NULL,
-       NULL
+       NULL, NULL, NULL, NULL, NULL, NULL, m.final, NULL, NULL, NULL, l.request_fingerprint
   FROM unnest({split("$1")}) AS k(id)
   LEFT JOIN lifecycle_messages m ON m.txn_id = k.id
   LEFT JOIN ledger_entries l ON l.txn_id = k.id AND l.type IN ('PURCHASE', 'REFUND')
@@ -148,9 +167,12 @@ SELECT *
   FROM payauth_authorize({split("$1")}, {split("$2")}, {split("$3", "::numeric[]")},
                          {split("$4")}, {split("$5")}, {split("$6")}, {split("$7")},
                          {split("$8")}, {split("$9", "::integer[]")},
-                         {split("$10", "::bigint[]")}, $11, $12, $13, {split("$14")})
+                         {split("$10", "::bigint[]")}, $11, $12, $13, {split("$14")},
+                         {split("$15", "::numeric[]")}, {split("$16")},
+                         {split("$17", "::boolean[]")}, {split("$18", "::boolean[]")})
 """
 _CLAIM_LOST_SQLSTATE = "PA409"
+_FLAG = {True: "t", False: "f"}  # a boolean column's texts
 
 _RESULTS = {r.value: r for r in Result}  # a dict lookup, not an enum call per row
 
@@ -340,13 +362,17 @@ class PostgresStore:
             batch_id,
         )
         try:
-            rows = await self._call_authorize(
-                AUTHORIZE_STATEMENT,
-                (*args, joined([a.original_transaction_id for a in new])))
+            rows = await self._call_authorize(AUTHORIZE_STATEMENT, (
+                *args, joined([a.original_transaction_id for a in new]),
+                joined([a.billing_amount_text for a in new]),
+                joined([a.billing_currency for a in new]),
+                joined([_FLAG[a.partial_ok] for a in new]),
+                joined([_FLAG[a.final] for a in new])))
         except Exception as exc:
             _raise_translated(exc)
-        if rows and rows[0]["balance_delta"] is None and all(
-                row["mismatch"] is None and row["balance_delta"] is None for row in rows):
+        # The purchases route answers no deltas; every other route answers them for every
+        # message but a mismatch: its first row says which route the batch took.
+        if rows and rows[0]["balance_delta"] is None and rows[0]["mismatch"] is None:
             return self._purchases(new, rows, processed_at, batch_id, source_partitions)
         return [decided_result(a, row, processed_at, batch_id, partition)
                 for a, row, partition in zip(new, rows, source_partitions, strict=True)]
@@ -356,13 +382,15 @@ class PostgresStore:
                    processed_at: datetime, batch_id: uuid.UUID,
                    source_partitions: Sequence[int]) -> list[StoredResult]:
         """The purchases route's answer (a result and a reason a message; the deltas follow
-        from each one's kind and amount): the fewest steps per message."""
+        from each one's kind and what was approved): the fewest steps per message, and the
+        rest (a partial approval, a conversion, an inquiry's figures) only where a row has
+        it."""
         decisions = [
             (_RESULTS[r["result"]],
              DeclineReason(r["decline_reason"]) if r["decline_reason"] else None)
             for r in rows
         ]
-        return [
+        records = [
             StoredResult(
                 transaction_id=a.transaction_id,
                 fingerprint=a.fingerprint,
@@ -381,6 +409,11 @@ class PostgresStore:
             )
             for a, (result, reason), partition in zip(new, decisions, source_partitions,
                                                       strict=True)]
+        for a, record, row in zip(new, records, rows, strict=True):
+            if row["account_currency"] != a.currency or row["approved"] is not None \
+                    or row["ledger_balance"] is not None or a.billing_currency is not None:
+                with_day(record, a, row)
+        return records
 
     async def record_sightings(self, sightings: Sequence[Sighting]) -> None:
         """One row per batch's (cause, layer, partition): never a row per duplicate."""
@@ -454,7 +487,7 @@ async def _prepare_statements(conn: asyncpg.Connection) -> None:
     try:
         await conn.fetch(_LOAD_STORED, "")
         await conn.fetch(AUTHORIZE_STATEMENT, *([""] * 10), datetime.now(UTC), "", uuid.uuid4(),
-                         "")
+                         *([""] * 5))
         await conn.execute(_MARK_PUBLISHED, empty, empty, datetime.now(UTC))
     except (asyncpg.UndefinedTableError, asyncpg.UndefinedFunctionError):
         pass  # not migrated yet: the first batch will say so; the connection is still fine

@@ -55,6 +55,7 @@ def account(plan: BatchPlan) -> None:
         log.info("decided", count=len(decisions), decisions=decisions)
     for name, count in outcomes.items():
         metrics.messages_total.labels(name).inc(count)
+    _decisions(plan)
     by_layer: Counter[str] = Counter()
     by_cause: Counter[str] = Counter()
     for (layer, cause), count in layers.items():
@@ -83,3 +84,24 @@ class StageClock:
         now = time.perf_counter()
         metrics.stage_seconds.labels(stage).observe(now - self._last)
         self._last = now
+
+
+def _decisions(plan: BatchPlan) -> None:
+    """The decisions of the batch by kind and result, its declines by reason, its partial
+    approvals: counted per batch, one increment per label."""
+    kinds: Counter[tuple[str, str]] = Counter()
+    reasons: Counter[str] = Counter()
+    partial = 0
+    for o in plan.outcomes:
+        if isinstance(o, Decided):
+            record = o.record
+            kinds[(record.authorization_type, record.result)] += 1
+            if record.decline_reason is not None:
+                reasons[record.decline_reason] += 1
+            partial += record.partial
+    for (kind, result), count in kinds.items():
+        metrics.decisions_total.labels(kind, result).inc(count)
+    for reason, count in reasons.items():
+        metrics.declines_total.labels(reason).inc(count)
+    if partial:
+        metrics.partial_approvals_total.inc(partial)

@@ -63,6 +63,21 @@ class StoredResult:
     balance_delta_text: str | None = None
     held_delta_text: str | None = None
     reversals_applied: tuple[AppliedReversal, ...] = ()
+    # An issuer's day (docs/lifecycle.md). What was approved, in the account's currency
+    # (None: the amount as sent, whole), and whether that was a partial approval; the
+    # account's currency when it is not the message's (a conversion: the network's
+    # billing amount moved); the conversion as sent; a CLEARING's final flag; a
+    # BALANCE_INQUIRY's figures as they stood at its decision; what clearings that came
+    # before a hold released of it.
+    amount_approved_text: str | None = None
+    partial: bool = False
+    account_currency: str | None = None
+    billing_amount_text: str | None = None
+    billing_currency: str | None = None
+    final: bool | None = None
+    ledger_balance_text: str | None = None
+    available_balance_text: str | None = None
+    already_cleared_text: str | None = None
 
 
 class Kind(StrEnum):

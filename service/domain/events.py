@@ -40,17 +40,45 @@ def zero(currency: str) -> str:
     return str(quantum(currency) * 0)
 
 
+def approved_amount(stored: StoredResult) -> str:
+    """What a decision approved, in the account's currency: as the store answered when it
+    is not the amount as sent (a partial approval, a conversion), else the amount."""
+    return stored.amount_approved_text if stored.amount_approved_text is not None \
+        else stored.amount_text
+
+
 def deltas(stored: StoredResult) -> tuple[str, str]:
-    """(balance_delta, held_delta) of the decision itself: as the store answered for the
-    lifecycle kinds; a purchase's or refund's from its kind and amount."""
+    """(balance_delta, held_delta) of the decision itself, in the account's currency: as the
+    store answered for the lifecycle kinds; a purchase's or refund's from its kind and what
+    was approved (a verification's and an inquiry's: nothing)."""
     if stored.balance_delta_text is not None and stored.held_delta_text is not None:
         return stored.balance_delta_text, stored.held_delta_text
-    nothing = zero(stored.currency)
+    nothing = zero(stored.account_currency or stored.currency)
     if stored.result is not Result.APPROVED:
         return nothing, nothing
     if stored.authorization_type == AuthorizationType.PURCHASE:
-        return "-" + stored.amount_text, nothing
-    return stored.amount_text, nothing  # a REFUND
+        return "-" + approved_amount(stored), nothing
+    if stored.authorization_type == AuthorizationType.REFUND:
+        return approved_amount(stored), nothing
+    return nothing, nothing  # a VERIFICATION, a BALANCE_INQUIRY
+
+
+def _issuers_day(stored: StoredResult, event: dict[str, object]) -> dict[str, object]:
+    """The fields of an issuer's day an event carries beside the contract's first ones:
+    what was approved (every decision; null for a decline), the conversion as sent, an
+    inquiry's figures, what clearings before a hold released of it."""
+    approved = stored.result is Result.APPROVED
+    event["amount_approved"] = approved_amount(stored) if approved else None
+    event["partial"] = stored.partial
+    if stored.billing_currency is not None:
+        event["billing_amount"] = stored.billing_amount_text
+        event["billing_currency"] = stored.billing_currency
+    if stored.ledger_balance_text is not None:
+        event["ledger_balance"] = stored.ledger_balance_text
+        event["available_balance"] = stored.available_balance_text
+    if stored.already_cleared_text is not None:
+        event["amount_already_cleared"] = stored.already_cleared_text
+    return event
 
 
 def events_of(stored: StoredResult) -> list[dict[str, object]]:
@@ -82,6 +110,7 @@ def result_event(stored: StoredResult) -> dict[str, object]:
         "decline_reason": None if approved else str(stored.decline_reason),
         "balance_delta": balance_delta,
         "held_delta": held_delta,
+        **_issuers_day(stored, {}),
         "correlation_id": stored.correlation_id,
         "processed_at": event_time(stored.processed_at),
     }
@@ -106,6 +135,7 @@ def _reversed_event(stored: StoredResult) -> dict[str, object]:
         "waiting_for_original": bool(stored.orphan),
         "balance_delta": balance_delta,
         "held_delta": held_delta,
+        **_issuers_day(stored, {}),
         "correlation_id": stored.correlation_id,
         "processed_at": event_time(stored.processed_at),
     }
@@ -127,8 +157,10 @@ def _cleared_event(stored: StoredResult) -> dict[str, object]:
         "currency": stored.currency,
         "authorization_type": stored.authorization_type,
         "result": stored.result,
+        "final": stored.final is not False,
         "balance_delta": balance_delta,
         "held_delta": held_delta,
+        **_issuers_day(stored, {}),
         "correlation_id": stored.correlation_id,
         "processed_at": event_time(stored.processed_at),
     }
@@ -141,7 +173,7 @@ def reversal_applied_event(original: StoredResult,
     republication is the same event): released from the hold the original placed, or
     credited back to the purchase."""
     amount = applied.amount_applied_text
-    nothing = zero(original.currency)
+    nothing = zero(original.account_currency or original.currency)
     credit = original.authorization_type == AuthorizationType.PURCHASE
     released = nothing if amount == nothing else "-" + amount
     return {
@@ -151,7 +183,7 @@ def reversal_applied_event(original: StoredResult,
         "original_transaction_id": original.transaction_id,
         "account_id": original.account_id,
         "amount_applied": amount,
-        "currency": original.currency,
+        "currency": original.account_currency or original.currency,
         "authorization_type": AuthorizationType.REVERSAL,
         "result": Result.APPROVED,
         "balance_delta": amount if credit else nothing,

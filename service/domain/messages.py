@@ -53,7 +53,11 @@ class Authorization:
     sent_at: datetime | None
     amount_text: str  # the amount in its currency's minor unit ("125.50"): stored, published
     fingerprint: str  # ``fingerprint_of`` its key fields: what makes a retry the same request
-    original_transaction_id: str | None = None  # a REVERSAL's or CLEARING's original
+    original_transaction_id: str | None = None  # a REVERSAL's, CLEARING's, INCREMENTAL's
+    partial_ok: bool = False  # partial_approval_supported
+    billing_amount_text: str | None = None  # the network's conversion, in its minor unit
+    billing_currency: str | None = None
+    final: bool = True  # a CLEARING's
 
     @property
     def event_id(self) -> str:
@@ -61,16 +65,25 @@ class Authorization:
 
 
 def fingerprint_of(account_id: str, amount_text: str, currency: str, auth_type: str,
-                   original: str | None = None) -> str:
+                   original: str | None = None, *, partial_ok: bool = False,
+                   billing: tuple[str, str] | None = None, final: bool = True) -> str:
     """What makes two requests with one transaction_id the same request.
 
-    Same key with another amount, currency, account, type or original is a conflict, not a
-    duplicate; message_id, timestamps and merchant text may differ between retries. A
-    request without an original (every PURCHASE and REFUND) hashes what it always did.
+    Same key with another amount, currency, account, type, original, conversion, partial
+    approval flag or final flag is a conflict, not a duplicate; message_id, timestamps and
+    merchant text may differ between retries. A request that carries none of the optional
+    fields (every PURCHASE and REFUND of earlier versions) hashes what it always did; each
+    one present adds itself, tagged, so no two requests hash alike.
     """
     canonical = "\x1f".join((account_id, amount_text, currency, auth_type))
     if original is not None:
         canonical += "\x1f" + original
+    if partial_ok:
+        canonical += "\x1fpartial"
+    if billing is not None:
+        canonical += "\x1fbilling:" + billing[0] + " " + billing[1]
+    if not final:
+        canonical += "\x1fnot-final"
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -113,6 +126,12 @@ def _describe(exc: ValidationError) -> str:
         path = ".".join(str(p) for p in err["loc"]) or "message"
         parts.append(f"{path}: {err['msg']}")
     return "; ".join(parts)
+
+
+# Optional fields of the request's fingerprint: a message that carries any of them has its
+# fingerprint computed by the full path only.
+_OPTIONAL_KEY_FIELDS = frozenset({"partial_approval_supported", "billing_amount",
+                                  "billing_currency", "final"})
 
 
 class RedeliveryKey(NamedTuple):
@@ -159,6 +178,8 @@ def redelivery_key(raw: bytes | None, *, max_bytes: int = 65_536) -> RedeliveryK
                 and type(currency) is str and type(auth_type) is str
                 and (original is None or type(original) is str)):
             return None
+        if _OPTIONAL_KEY_FIELDS.intersection(body):
+            return None  # the full path words their fingerprint
         # orjson writes back at most 254 levels of nesting: deeper is for the full path too.
         if orjson.dumps(document).count(b'"') != raw.count(b'"'):
             return None  # a key was repeated
@@ -297,12 +318,21 @@ def _validate(document: dict[str, Any], key: RedeliveryKey | None) -> Authorizat
     account, currency, auth_type = body["account_id"], body["currency"], body["authorization_type"]
     original = body.get("original_transaction_id")
     amount_text = format_amount(body["amount"], currency)
+    partial_ok = bool(body.get("partial_approval_supported"))
+    final = body.get("final") is not False
+    billing_currency, billing_amount = body.get("billing_currency"), body.get("billing_amount")
+    billing_text = None if billing_currency is None or billing_amount is None else \
+        format_amount(billing_amount, billing_currency)
     if key is not None and key.amount == amount_text:
         # The key hashed these very key fields (account, currency and type are validated
-        # as sent, unchanged): the request's fingerprint is the key's, not hashed again.
+        # as sent, unchanged; it is only made without the optional ones): the request's
+        # fingerprint is the key's, not hashed again.
         fingerprint = key.fingerprint
     else:
-        fingerprint = fingerprint_of(account, amount_text, currency, auth_type, original)
+        fingerprint = fingerprint_of(
+            account, amount_text, currency, auth_type, original, partial_ok=partial_ok,
+            billing=None if billing_text is None or billing_currency is None
+            else (billing_text, billing_currency), final=final)
     return Authorization(
         transaction_id=body["transaction_id"],
         account_id=account,
@@ -318,4 +348,8 @@ def _validate(document: dict[str, Any], key: RedeliveryKey | None) -> Authorizat
         amount_text=amount_text,
         fingerprint=fingerprint,
         original_transaction_id=original,
+        partial_ok=partial_ok,
+        billing_amount_text=billing_text,
+        billing_currency=billing_currency,
+        final=final,
     )

@@ -14,7 +14,14 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Annotated, NotRequired
 
-from pydantic import AfterValidator, BeforeValidator, ConfigDict, StringConstraints, TypeAdapter
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    ConfigDict,
+    StrictBool,
+    StringConstraints,
+    TypeAdapter,
+)
 from typing_extensions import TypedDict
 
 from service.domain.money import (
@@ -30,6 +37,8 @@ from service.domain.vocabulary import (
     MAX_AMOUNT,
     NAMES_ORIGINAL,
     ORIGINAL_REQUIRED,
+    PARTIAL_APPROVAL,
+    ZERO_AMOUNT,
     AuthorizationType,
 )
 
@@ -92,9 +101,18 @@ class BodyFields(TypedDict):
     merchant: Text
     merchant_category: Annotated[str, StringConstraints(strict=True, pattern=r"^[0-9]{4}$")]
     authorization_type: AuthorizationType
-    # The message a REVERSAL or CLEARING refers to: required for REVERSAL, optional (absent
-    # or null: a forced clearing) for CLEARING, refused on the other kinds.
+    # The message a REVERSAL, CLEARING or INCREMENTAL refers to: required for REVERSAL and
+    # INCREMENTAL, optional (absent or null: a forced clearing) for CLEARING, refused on the
+    # other kinds.
     original_transaction_id: NotRequired[Identifier | None]
+    # PURCHASE and AUTHORIZATION only: the merchant accepts an approval of part of the
+    # amount (absent or null: false).
+    partial_approval_supported: NotRequired[StrictBool | None]
+    # The network's conversion into the cardholder's currency, both or neither.
+    billing_amount: NotRequired[ExactAmount | None]
+    billing_currency: NotRequired[Annotated[str, StringConstraints(strict=True)] | None]
+    # CLEARING only: false for one of several clearings of a hold (absent or null: true).
+    final: NotRequired[StrictBool | None]
 
 
 def _original_fits_kind(body: BodyFields) -> None:
@@ -109,22 +127,43 @@ def _original_fits_kind(body: BodyFields) -> None:
         raise ValueError("original_transaction_id must name another transaction")
 
 
-def _amount_fits_currency(body: BodyFields) -> BodyFields:
-    _original_fits_kind(body)
-    amount = body["amount"]
+def _flags_fit_kind(body: BodyFields) -> None:
+    kind = body["authorization_type"]
+    if body.get("partial_approval_supported") is not None and kind not in PARTIAL_APPROVAL:
+        raise ValueError(f"partial_approval_supported is not allowed for {kind}")
+    if body.get("final") is not None and kind is not AuthorizationType.CLEARING:
+        raise ValueError(f"final is not allowed for {kind}")
+
+
+def _amount_in(amount: Decimal, currency: str, name: str, zero: bool) -> None:
+    """An amount as the contract wants it: finite, exactly 0 for the zero-amount kinds and
+    above 0 for the others, bounded, and in its currency's minor unit."""
     if not amount.is_finite():
-        raise ValueError("amount must be finite (NaN and Infinity are not amounts)")
-    if amount <= 0:
-        raise ValueError("amount must be greater than zero")
+        raise ValueError(f"{name} must be finite (NaN and Infinity are not amounts)")
+    if zero and amount != 0:
+        raise ValueError(f"{name} must be 0 for this kind")
+    if not zero and amount <= 0:
+        raise ValueError(f"{name} must be greater than zero")
     if amount > MAX_AMOUNT:
-        raise ValueError(f"amount must not exceed {MAX_AMOUNT}")
+        raise ValueError(f"{name} must not exceed {MAX_AMOUNT}")
     try:
-        unit = quantum(body["currency"])
+        unit = quantum(currency)
     except UnknownCurrency as exc:
         raise ValueError(str(exc)) from None  # names the code only when it has a code's shape
     if not fits_minor_unit(amount, unit):
-        raise ValueError(f"{body['currency']} amounts have at most "
-                         f"{minor_unit(body['currency'])} decimals")
+        raise ValueError(f"{currency} amounts have at most {minor_unit(currency)} decimals")
+
+
+def _amount_fits_currency(body: BodyFields) -> BodyFields:
+    _original_fits_kind(body)
+    _flags_fit_kind(body)
+    zero = body["authorization_type"] in ZERO_AMOUNT
+    _amount_in(body["amount"], body["currency"], "amount", zero)
+    billing_amount, billing_currency = body.get("billing_amount"), body.get("billing_currency")
+    if (billing_amount is None) != (billing_currency is None):
+        raise ValueError("billing_amount and billing_currency go together")
+    if billing_amount is not None and billing_currency is not None:
+        _amount_in(billing_amount, billing_currency, "billing_amount", zero)
     return body
 
 

@@ -25,14 +25,25 @@ class AuthorizationType(StrEnum):
     ADVICE = "ADVICE"
     REVERSAL = "REVERSAL"
     CLEARING = "CLEARING"
+    # An issuer's day (docs/lifecycle.md): a zero-amount check of the account, a zero-amount
+    # question of its balances, an addition to an open hold.
+    VERIFICATION = "VERIFICATION"
+    BALANCE_INQUIRY = "BALANCE_INQUIRY"
+    INCREMENTAL = "INCREMENTAL"
 
 
 # Kinds that name an original (``original_transaction_id``): required, optional.
-NAMES_ORIGINAL = frozenset({AuthorizationType.REVERSAL, AuthorizationType.CLEARING})
-ORIGINAL_REQUIRED = frozenset({AuthorizationType.REVERSAL})
+NAMES_ORIGINAL = frozenset({AuthorizationType.REVERSAL, AuthorizationType.CLEARING,
+                            AuthorizationType.INCREMENTAL})
+ORIGINAL_REQUIRED = frozenset({AuthorizationType.REVERSAL, AuthorizationType.INCREMENTAL})
+# Kinds whose amount is exactly zero (every other kind's is above zero).
+ZERO_AMOUNT = frozenset({AuthorizationType.VERIFICATION, AuthorizationType.BALANCE_INQUIRY})
+# Kinds a merchant may let be approved in part (``partial_approval_supported``).
+PARTIAL_APPROVAL = frozenset({AuthorizationType.PURCHASE, AuthorizationType.AUTHORIZATION})
 # The kinds kept in lifecycle_messages (never purged), beside their dedup records.
 LIFECYCLE_KINDS = frozenset({AuthorizationType.AUTHORIZATION, AuthorizationType.ADVICE,
-                             AuthorizationType.REVERSAL, AuthorizationType.CLEARING})
+                             AuthorizationType.REVERSAL, AuthorizationType.CLEARING,
+                             AuthorizationType.INCREMENTAL})
 # What the ledger's type may be: holds never write it.
 LEDGER_TYPES = frozenset({AuthorizationType.PURCHASE, AuthorizationType.REFUND,
                           AuthorizationType.CLEARING, AuthorizationType.REVERSAL})
@@ -48,10 +59,10 @@ class HoldState(StrEnum):
 
 
 class OrphanState(StrEnum):
-    """A reversal that came before its original."""
+    """A reversal (or a clearing) that came before its original."""
 
     WAITING = "WAITING"
-    APPLIED = "APPLIED"  # to the hold its original placed
+    APPLIED = "APPLIED"  # to the hold (or the purchase) its original placed
     VOID = "VOID"  # the original was declined, or is of another account or currency
 
 
@@ -60,11 +71,17 @@ class Result(StrEnum):
     DECLINED = "DECLINED"
 
 
+# What payauth_decide answers for an approval of part of the amount (the available balance);
+# stored and published as APPROVED, with the amount approved.
+PARTIAL = "PARTIAL"
+
+
 class DeclineReason(StrEnum):
     INSUFFICIENT_FUNDS = "INSUFFICIENT_FUNDS"
     UNKNOWN_ACCOUNT = "UNKNOWN_ACCOUNT"
     CURRENCY_MISMATCH = "CURRENCY_MISMATCH"
     ACCOUNT_BLOCKED = "ACCOUNT_BLOCKED"
+    HOLD_NOT_ACTIVE = "HOLD_NOT_ACTIVE"  # an INCREMENTAL whose hold is unknown or ended
 
 
 class AccountStatus(StrEnum):

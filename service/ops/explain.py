@@ -31,7 +31,10 @@ SELECT p.txn_id, p.result, p.decline_reason, p.account_id, p.amount::text AS amo
        p.currency, p.authorization_type, p.correlation_id, p.message_id, p.source_topic,
        p.source_partition, p.source_offset, p.processed_at, p.batch_id,
        p.input_balance::text AS input_balance, p.input_status, p.input_currency,
-       p.rule_version,
+       p.rule_version, p.amount_approved::text AS amount_approved, p.partial_ok,
+       p.billing_amount::text AS billing_amount, p.billing_currency, p.final,
+       p.ledger_balance::text AS ledger_balance, p.already_cleared::text AS already_cleared,
+       p.input_hold_state,
        coalesce(p.published_at, b.published_at) AS published_at
   FROM processed_transactions p
   LEFT JOIN published_batches b ON b.batch_id = p.batch_id
@@ -45,19 +48,19 @@ SELECT cause, sum(cardinality(array_positions(txn_ids, $1))) AS times,
 """
 _LIFECYCLE = """
 SELECT kind, result, amount::text AS amount, currency, original_txn_id,
-       amount_applied::text AS applied, forced, orphan, ended_hold, decided_at
+       amount_applied::text AS applied, forced, orphan, ended_hold, decided_at, final
   FROM lifecycle_messages WHERE txn_id = $1
 """
 _HOLD = """
 SELECT txn_id, kind, account_id, amount::text AS amount, remaining::text AS remaining,
-       currency, state, placed_at, ended_at, ended_by, released::text AS released,
-       expiry_published_at
+       incremented::text AS incremented, currency, state, placed_at, ended_at, ended_by,
+       released::text AS released, expiry_published_at
   FROM holds WHERE txn_id = $1
 """
 # Everything that named the hold, in the order it was decided.
 _NAMED_IT = """
 SELECT txn_id, kind, amount::text AS amount, amount_applied::text AS applied, orphan,
-       ended_hold, decided_at
+       ended_hold, decided_at, final, result
   FROM lifecycle_messages WHERE original_txn_id = $1
  ORDER BY decided_at, txn_id
 """
@@ -65,6 +68,13 @@ _ORPHANS = """
 SELECT txn_id, state, amount::text AS amount, applied::text AS applied, arrived_at,
        resolved_at
   FROM orphan_reversals WHERE original_txn_id = $1 OR txn_id = $1
+ ORDER BY arrived_at, txn_id
+"""
+# Clearings that came before the hold they name (each kept until the hold came).
+_EARLY = """
+SELECT txn_id, state, amount::text AS amount, applied::text AS applied, final, arrived_at,
+       resolved_at
+  FROM early_clearings WHERE original_txn_id = $1 OR txn_id = $1
  ORDER BY arrived_at, txn_id
 """
 _LEDGER = """
@@ -84,6 +94,7 @@ class Explanation:
     named: list[dict[str, Any]] = field(default_factory=list)  # what named that hold
     orphans: list[dict[str, Any]] = field(default_factory=list)
     original_ledger: dict[str, Any] | None = None  # the purchase a REVERSAL named
+    early: list[dict[str, Any]] = field(default_factory=list)  # clearings before the hold
 
     @property
     def known(self) -> bool:
@@ -100,9 +111,9 @@ class Explanation:
         if d is not None:
             reason = f" ({d['decline_reason']})" if d["decline_reason"] else ""
             lines += [
-                f"decision     {d['result']}{reason}",
+                f"decision     {d['result']}{reason}" + _approved(d),
                 f"request      {d['authorization_type']} {d['amount']} {d['currency']} "
-                f"on account {d['account_id']}",
+                f"on account {d['account_id']}" + _request(d),
                 f"inputs       {_inputs(d)}",
                 f"decided at   {d['processed_at'].isoformat()}",
                 f"from         {d['source_topic']} partition {d['source_partition']} offset "
@@ -139,10 +150,11 @@ class Explanation:
     def _lifecycle_lines(self) -> list[str]:
         m, h = self.lifecycle, self.hold
         lines: list[str] = []
-        if m is not None and m["kind"] in ("REVERSAL", "CLEARING"):
+        if m is not None and m["kind"] in ("REVERSAL", "CLEARING", "INCREMENTAL"):
             if m["applied"] is not None:
                 m["applied"] = format_amount(Decimal(m["applied"]), m["currency"])
-            what = "released" if m["kind"] == "REVERSAL" else "released from its hold"
+            what = {"REVERSAL": "released", "CLEARING": "released from its hold",
+                    "INCREMENTAL": "added to its hold"}[m["kind"]]
             lines.append(f"original     {m['original_txn_id'] or 'none named'}"
                          + (" (forced: no hold to end)" if m["forced"] else "")
                          + f"; {what} {m['applied']}"
@@ -167,10 +179,18 @@ class Explanation:
             for key in ("amount", "applied"):
                 if row.get(key) is not None:
                     row[key] = format_amount(Decimal(row[key]), h["currency"])
+        incremented = Decimal(h["incremented"] or 0)
         lines.append(("hold         " if own else "its hold     ")
-                     + f"{h['txn_id']} {h['kind']} {h['amount']} {h['currency']}: "
-                     f"{h['state']}, {h['remaining']} still held")
+                     + f"{h['txn_id']} {h['kind']} {h['amount']} {h['currency']}"
+                     + (f" + {format_amount(incremented, h['currency'])} incremented"
+                        if incremented else "")
+                     + f": {h['state']}, {h['remaining']} still held")
         lines.append(f"  placed     {h['placed_at'].isoformat()}")
+        for e in self.early:
+            if e["txn_id"] != h["txn_id"] and e["state"] != "WAITING":
+                lines.append(f"  clearing   {e['txn_id']} {e['amount']} (came first"
+                             + ("" if e["final"] else ", not final") + f"): {e['state']}, "
+                             f"released {e['applied']}")
         for o in self.orphans:
             if o["txn_id"] != h["txn_id"] and o["state"] != "WAITING":
                 lines.append(f"  orphan     {o['txn_id']} REVERSAL {o['amount']} (came first): "
@@ -178,8 +198,12 @@ class Explanation:
         for n in self.named:
             if n["orphan"]:
                 continue  # shown above, as applied when the hold was placed
+            verb = "added" if n["kind"] == "INCREMENTAL" else "released"
             lines.append(f"  {n['kind'].lower():<10} {n['txn_id']} {n['amount']} at "
-                         f"{n['decided_at'].isoformat()}: released {n['applied']}"
+                         f"{n['decided_at'].isoformat()}: "
+                         + ("declined" if n["result"] != "APPROVED" else
+                            f"{verb} {n['applied']}")
+                         + (" (not final)" if n["final"] is False else "")
                          + (", ended it" if n["ended_hold"] else ""))
         if h["state"] == "EXPIRED":
             lines.append(f"  expired    {h['ended_at'].isoformat()}: released {h['released']}"
@@ -190,6 +214,39 @@ class Explanation:
             lines.append(f"  ended      {h['ended_at'].isoformat()}: {h['state']}"
                          + (f" by {h['ended_by']}" if h["ended_by"] else " (by orphans)"))
         return lines
+
+
+def _approved(d: dict[str, Any]) -> str:
+    """What was approved, when it is not the amount as sent: in part, or converted."""
+    approved = d.get("amount_approved")
+    if d["result"] != "APPROVED" or approved is None:
+        return ""
+    currency = d["input_currency"] or d["currency"]
+    text = format_amount(Decimal(approved), currency)
+    if d["billing_currency"] is None and text == d["amount"]:
+        return ""
+    asked = d["billing_amount"] if d["billing_currency"] == currency else d["amount"]
+    partially = d["partial_ok"] and Decimal(approved) < Decimal(asked)
+    return f": {text} {currency}" + (f" approved of {asked} asked (partial)" if partially
+                                       else "")
+
+
+def _request(d: dict[str, Any]) -> str:
+    """What the request carried beside its amount: a conversion, a partial approval's
+    acceptance, a clearing's place among several, an inquiry's figures."""
+    parts = []
+    if d.get("billing_currency"):
+        parts.append(f"billing {d['billing_amount']} {d['billing_currency']}")
+    if d.get("partial_ok"):
+        parts.append("partial approval accepted")
+    if d.get("final") is False:
+        parts.append("not the final clearing")
+    if d.get("ledger_balance") is not None:
+        parts.append(f"answered: ledger balance {d['ledger_balance']}, available "
+                     f"{d['input_balance']}")
+    if d.get("already_cleared") is not None:
+        parts.append(f"cleared {d['already_cleared']} before it came")
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def _inputs(d: dict[str, Any]) -> str:
@@ -215,6 +272,7 @@ async def explain(dsn: str, transaction_id: str) -> Explanation:
             hold_id = hold["txn_id"] if hold else None
             named = await conn.fetch(_NAMED_IT, hold_id) if hold_id else []
             orphans = await conn.fetch(_ORPHANS, hold_id or transaction_id)
+            early = await conn.fetch(_EARLY, hold_id or transaction_id)
             if hold_id is None and original is not None:  # a reversal of a purchase
                 original_ledger = await conn.fetchrow(_LEDGER, original)
             else:
@@ -225,4 +283,5 @@ async def explain(dsn: str, transaction_id: str) -> Explanation:
                        dict(ledger) if ledger else None, [dict(d) for d in duplicates],
                        dict(lifecycle) if lifecycle else None, dict(hold) if hold else None,
                        [dict(n) for n in named], [dict(o) for o in orphans],
-                       dict(original_ledger) if original_ledger else None)
+                       dict(original_ledger) if original_ledger else None,
+                       [dict(e) for e in early])

@@ -58,13 +58,27 @@ _QUIET_SECONDS = 30  # no message for this long before the range's end: the read
 RULE_VERSION = "SELECT payauth_rule_version()"  # defined once, sql/payauth_rule_version.sql
 # The stored decision and what the rule decides now from the same inputs.
 _DECIDE_AGAIN = """
-SELECT p.txn_id, p.fingerprint, p.result, p.decline_reason, p.rule_version,
-       CASE WHEN p.rule_version IS NOT NULL
-            THEN payauth_decide(p.input_balance, p.input_status, p.input_currency::text,
-                                p.currency::text, p.authorization_type, p.amount)
-       END AS now
-  FROM processed_transactions p
- WHERE p.txn_id = ANY($1::text[])
+SELECT d.*,
+       CASE WHEN d.now = 'PARTIAL' THEN payauth_approved(d.now, d.amt, d.input_balance)::text
+       END AS now_partial
+  FROM (SELECT p.txn_id, p.fingerprint, p.result, p.decline_reason, p.rule_version,
+               p.input_balance, p.authorization_type,
+               CASE WHEN p.amount_approved < payauth_account_amount(
+                             p.input_currency::text, p.currency::text, p.amount,
+                             p.billing_currency::text, p.billing_amount)
+                    THEN p.amount_approved::text END AS partial,
+               payauth_account_amount(p.input_currency::text, p.currency::text, p.amount,
+                                      p.billing_currency::text, p.billing_amount) AS amt,
+               CASE WHEN p.rule_version IS NOT NULL
+                    THEN payauth_decide(
+                             p.input_balance, p.input_status, p.authorization_type,
+                             payauth_account_amount(p.input_currency::text, p.currency::text,
+                                                    p.amount, p.billing_currency::text,
+                                                    p.billing_amount),
+                             p.input_hold_state, coalesce(p.partial_ok, false))
+               END AS now
+          FROM processed_transactions p
+         WHERE p.txn_id = ANY($1::text[])) d
 """
 # Decided, the dedup record purged: the effect is kept in the ledger (an approved purchase,
 # refund or clearing) or in the lifecycle records (every lifecycle message, never purged).
@@ -76,13 +90,27 @@ SELECT txn_id FROM lifecycle_messages WHERE txn_id = ANY($1::text[])
 # No record: a replay would dead-letter it (mismatch) or decide it, each alone against its
 # account as it is now.
 _DECIDE_NOW = """
-SELECT payauth_mismatch(t.auth_type, t.account_id, t.currency, t.original) AS mismatch,
-       payauth_decide(a.balance - a.held, a.status, a.currency::text, t.currency, t.auth_type,
-                      t.amount) AS now
-  FROM unnest($1::text[], $2::numeric[], $3::text[], $4::text[], $5::text[]) WITH ORDINALITY
-       AS t(account_id, amount, currency, auth_type, original, ord)
-  LEFT JOIN accounts a ON a.account_id = t.account_id
- ORDER BY t.ord
+SELECT d.mismatch, d.now,
+       CASE WHEN d.now = 'PARTIAL' THEN payauth_approved(d.now, d.amt, d.balance)::text
+       END AS now_partial
+  FROM (SELECT payauth_mismatch(t.auth_type, t.account_id, t.currency, t.amount, t.bcur,
+                                t.bamt, t.original) AS mismatch,
+               a.balance - a.held AS balance,
+               payauth_account_amount(a.currency::text, t.currency, t.amount, t.bcur,
+                                      t.bamt) AS amt,
+               payauth_decide(a.balance - a.held, a.status, t.auth_type,
+                              payauth_account_amount(a.currency::text, t.currency, t.amount,
+                                                     t.bcur, t.bamt),
+                              (SELECT h.state FROM holds h WHERE h.txn_id = t.original
+                                  AND h.account_id = t.account_id
+                                  AND t.auth_type = 'INCREMENTAL'),
+                              t.partial_ok) AS now, t.ord
+          FROM unnest($1::text[], $2::numeric[], $3::text[], $4::text[], $5::text[],
+                      $6::numeric[], $7::text[], $8::boolean[]) WITH ORDINALITY
+               AS t(account_id, amount, currency, auth_type, original, bamt, bcur, partial_ok,
+                    ord)
+          LEFT JOIN accounts a ON a.account_id = t.account_id) d
+ ORDER BY d.ord
 """
 
 
@@ -260,12 +288,16 @@ async def classify_messages(conn: asyncpg.Connection, report: ShadowReport,
                 _DECIDE_NOW, [a.account_id for a in auths],
                 [Decimal(a.amount_text) for a in auths], [a.currency for a in auths],
                 [a.authorization_type.value for a in auths],
-                [a.original_transaction_id for a in auths])
+                [a.original_transaction_id for a in auths],
+                [None if a.billing_amount_text is None else Decimal(a.billing_amount_text)
+                 for a in auths],
+                [a.billing_currency for a in auths], [a.partial_ok for a in auths])
             for auth, row in zip(auths, outcomes, strict=True):
                 if row["mismatch"] is not None:
                     report.dead_lettered_again["LIFECYCLE_MISMATCH"] += 1
                 else:
-                    report.pending[auth.transaction_id] = Decision.of(row["now"])
+                    report.pending[auth.transaction_id] = Decision.of(
+                        row["now"], _amount(row["now_partial"]))
 
 
 def _compare(report: ShadowReport, transaction_id: str, row: Any) -> None:
@@ -273,8 +305,15 @@ def _compare(report: ShadowReport, transaction_id: str, row: Any) -> None:
     if row["rule_version"] is not None and row["now"] is None:
         report.no_answer.append(transaction_id)  # the rule now gives none: it is broken
         return
-    report.add_decided(transaction_id, Decision(row["result"], row["decline_reason"]),
-                       Decision.of(row["now"]) if row["now"] else None, row["rule_version"])
+    report.add_decided(transaction_id,
+                       Decision(row["result"], row["decline_reason"], _amount(row["partial"])),
+                       Decision.of(row["now"], _amount(row["now_partial"])) if row["now"]
+                       else None, row["rule_version"])
+
+
+def _amount(text: str | None) -> str | None:
+    """A partial approval's amount, the same text whatever scale the database gave it."""
+    return None if text is None else format(Decimal(text).normalize(), "f")
 
 
 async def classify_transactions(conn: asyncpg.Connection, report: ShadowReport,

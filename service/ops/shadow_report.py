@@ -25,17 +25,28 @@ EXAMPLES_ON_SCREEN = 5
 class Decision:
     result: str
     decline_reason: str | None = None
+    partial: str | None = None  # a partial approval: what it approved (account currency)
 
     @classmethod
-    def of(cls, outcome: str) -> Decision:
-        """From payauth_decide's answer: 'APPROVED' or a decline reason."""
-        return cls("APPROVED") if outcome == "APPROVED" else cls("DECLINED", outcome)
+    def of(cls, outcome: str, partial: str | None = None) -> Decision:
+        """From payauth_decide's answer: 'APPROVED', 'PARTIAL' (with what payauth_approved
+        approves) or a decline reason."""
+        if outcome == "APPROVED":
+            return cls("APPROVED")
+        if outcome == "PARTIAL":
+            return cls("APPROVED", None, partial)
+        return cls("DECLINED", outcome)
 
     def __str__(self) -> str:
+        if self.partial is not None:
+            return f"{self.result} (partially: {self.partial})"
         return f"{self.result} ({self.decline_reason})" if self.decline_reason else self.result
 
     def as_json(self) -> dict[str, str | None]:
-        return {"result": self.result, "decline_reason": self.decline_reason}
+        out = {"result": self.result, "decline_reason": self.decline_reason}
+        if self.partial is not None:
+            out["amount_approved"] = self.partial
+        return out
 
 
 @dataclass

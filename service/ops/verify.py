@@ -22,25 +22,61 @@ class Check:
 # and what its end released.
 LIFECYCLE_CHECKS = (
     Check(
-        "held >= 0 per hold and never more than authorized",
-        """SELECT txn_id || ': ' || remaining || ' of ' || amount FROM holds
-            WHERE remaining < 0 OR remaining > amount""",
+        "held >= 0 per hold and never more than authorized and incremented",
+        """SELECT txn_id || ': ' || remaining || ' of ' || amount || ' + ' || incremented
+             FROM holds
+            WHERE remaining < 0 OR remaining > amount + incremented""",
     ),
+    # What a hold kept, it released once: what remains, plus what its reversals and its
+    # clearings released (non-final ones as they came; a final one, or an expiry, at its
+    # end), plus what orphan reversals and clearings that came before it took when it was
+    # placed, is what it was approved and incremented.
     Check(
-        "what each hold placed = what remains + what reversals, its end released",
-        """SELECT h.txn_id || ': ' || h.amount || ' <> ' || h.remaining || ' + '
-                  || coalesce(r.released, 0) || ' + ' || coalesce(o.applied, 0) || ' + '
-                  || coalesce(h.released, 0)
+        "what each hold placed and added = what remains + what reversals, clearings and "
+        "its end released",
+        """SELECT h.txn_id || ': ' || h.amount || ' + ' || h.incremented || ' <> '
+                  || h.remaining || ' + ' || coalesce(r.released, 0) || ' + '
+                  || coalesce(o.applied, 0) || ' + ' || coalesce(e.applied, 0) || ' + '
+                  || coalesce(c.released, 0) || ' + ' || coalesce(h.released, 0)
              FROM holds h
              LEFT JOIN (SELECT original_txn_id, sum(amount_applied) AS released
                           FROM lifecycle_messages WHERE kind = 'REVERSAL'
                          GROUP BY original_txn_id) r ON r.original_txn_id = h.txn_id
+             LEFT JOIN (SELECT original_txn_id, sum(amount_applied) AS released
+                          FROM lifecycle_messages WHERE kind = 'CLEARING' AND final = false
+                         GROUP BY original_txn_id) c ON c.original_txn_id = h.txn_id
              LEFT JOIN (SELECT original_txn_id, sum(applied) AS applied FROM orphan_reversals
                          WHERE state = 'APPLIED' GROUP BY original_txn_id) o
                     ON o.original_txn_id = h.txn_id
-            WHERE h.amount <> h.remaining + coalesce(r.released, 0) + coalesce(o.applied, 0)
+             LEFT JOIN (SELECT original_txn_id, sum(applied) AS applied FROM early_clearings
+                         WHERE state = 'APPLIED' GROUP BY original_txn_id) e
+                    ON e.original_txn_id = h.txn_id
+            WHERE h.amount + h.incremented <> h.remaining + coalesce(r.released, 0)
+                  + coalesce(o.applied, 0) + coalesce(e.applied, 0) + coalesce(c.released, 0)
                   + CASE WHEN h.state IN ('CLEARED', 'EXPIRED') THEN coalesce(h.released, 0)
                          ELSE 0 END""",
+    ),
+    Check(
+        "what a hold's clearings and reversals released never above what it held",
+        """SELECT h.txn_id || ': released ' || sum(m.amount_applied) || ' of '
+                  || min(h.amount + h.incremented)
+             FROM holds h
+             JOIN lifecycle_messages m ON m.original_txn_id = h.txn_id
+                                      AND m.kind IN ('REVERSAL', 'CLEARING')
+            GROUP BY h.txn_id
+           HAVING sum(m.amount_applied) > min(h.amount + h.incremented)""",
+    ),
+    Check(
+        "a partial approval never above the available balance it read",
+        """SELECT txn_id || ': approved ' || amount_approved || ' of ' || input_balance
+                  || ' available'
+             FROM processed_transactions
+            WHERE result = 'APPROVED' AND partial_ok
+              AND authorization_type IN ('PURCHASE', 'AUTHORIZATION')
+              AND amount_approved < payauth_account_amount(
+                      input_currency::text, currency::text, amount,
+                      billing_currency::text, billing_amount)
+              AND (amount_approved > input_balance OR amount_approved <= 0)""",
     ),
     Check(
         "available = balance - held (the accounts' held = what active holds keep)",
@@ -61,7 +97,11 @@ LIFECYCLE_CHECKS = (
                OR (h.state = 'ACTIVE' AND count(m.txn_id) > 0)
                OR (h.state = 'EXPIRED' AND count(m.txn_id) > 0)
                OR (h.state IN ('CLEARED', 'REVERSED') AND count(m.txn_id) = 0
-                   AND h.ended_by IS NOT NULL)""",
+                   AND h.ended_by IS NOT NULL
+                   -- (a final clearing that came before the hold ended it as it was placed)
+                   AND NOT EXISTS (SELECT 1 FROM early_clearings e
+                                    WHERE e.txn_id = h.ended_by AND e.final
+                                      AND e.state = 'APPLIED'))""",
     ),
     Check(
         "no ledger entry for a hold",
@@ -139,14 +179,17 @@ CHECKS = (
             WHERE result IS NULL OR result NOT IN ('APPROVED', 'DECLINED')
                OR (result = 'DECLINED' AND decline_reason IS NULL)""",
     ),
+    # The amount posted is what was approved in the account's currency (a partial approval,
+    # a conversion), or the amount as sent by a version before those.
     Check(
-        "every approved transaction has its ledger entry, with the same amount and account",
+        "every approved transaction has its ledger entry, with the approved amount and account",
         """SELECT p.txn_id FROM processed_transactions p
              LEFT JOIN ledger_entries l ON l.txn_id = p.txn_id
             WHERE p.result = 'APPROVED'
               AND p.authorization_type IN ('PURCHASE', 'REFUND', 'CLEARING')
               AND (l.txn_id IS NULL OR l.account_id <> p.account_id
-                   OR abs(l.amount) <> p.amount OR l.currency <> p.currency)""",
+                   OR abs(l.amount) <> coalesce(p.amount_approved, p.amount)
+                   OR l.currency <> coalesce(p.input_currency, p.currency))""",
     ),
     Check(
         "no ledger entry for a declined transaction",

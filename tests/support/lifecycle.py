@@ -57,12 +57,13 @@ def hold(env: stack.Env, txn: str) -> dict[str, Any]:
 
 def events(env: stack.Env, expect: int) -> dict[str, dict[str, Any]]:
     """The output topic's events by transaction_id; a ReversalApplied (an orphan reversal
-    applied when its original came) under ``applied(its transaction_id)``."""
+    applied when its original came) under ``applied(its transaction_id)``, a HoldExpired
+    under ``expired(its hold's)``."""
     events = stack.events_of(stack.read_topic(env.output_topic, expect=expect))
     by_txn: dict[str, dict[str, Any]] = {}
     for e in events:
-        key = applied(e["transaction_id"]) if e["event_type"] == "ReversalApplied" \
-            else e["transaction_id"]
+        key = {"ReversalApplied": applied, "HoldExpired": expired}.get(
+            e["event_type"], str)(e["transaction_id"])
         assert by_txn.setdefault(key, e) == e  # a repeat is the same event
     return by_txn
 
@@ -70,6 +71,11 @@ def events(env: stack.Env, expect: int) -> dict[str, dict[str, Any]]:
 def applied(reversal: str) -> str:
     """The key of an orphan reversal's ReversalApplied in ``events``."""
     return f"{reversal}/applied"
+
+
+def expired(hold: str) -> str:
+    """The key of a hold's HoldExpired in ``events``."""
+    return f"{hold}/expired"
 
 
 def ledger(env: stack.Env, account: str) -> list[tuple[str, str, Decimal]]:

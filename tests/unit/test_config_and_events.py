@@ -109,6 +109,8 @@ def test_authorized_event_has_the_contract_shape() -> None:
         "decline_reason": None,
         "balance_delta": "-125.50",
         "held_delta": "0.00",
+        "amount_approved": "125.50",
+        "partial": False,
         "correlation_id": "txn-VISA-2026-8847291",
         "processed_at": "2026-04-07T14:32:15.120Z",
     }

@@ -39,7 +39,8 @@ def test_event_bytes_of_a_decline() -> None:
         b'"transaction_id":"TXN-VISA-8847291","account_id":"ACC-44821","amount":"125.50",'
         b'"currency":"EUR","authorization_type":"PURCHASE","result":"DECLINED",'
         b'"decline_reason":"INSUFFICIENT_FUNDS","balance_delta":"0.00","held_delta":"0.00",'
-        b'"correlation_id":"txn-VISA-2026-8847291","processed_at":"2026-04-07T14:32:15.120Z"}')
+        b'"amount_approved":null,"partial":false,"correlation_id":"txn-VISA-2026-8847291",'
+        b'"processed_at":"2026-04-07T14:32:15.120Z"}')
 
 
 def test_event_id_is_the_uuid5_of_the_transaction_id() -> None:

@@ -108,7 +108,8 @@ def test_a_keyed_decoding_has_the_fingerprint_of_what_it_validated(
     hashed = []
     fingerprint_of = messages.fingerprint_of
     monkeypatch.setattr(messages, "fingerprint_of",
-                        lambda *fields: hashed.append(fields) or fingerprint_of(*fields))
+                        lambda *fields, **options: hashed.append(fields)
+                        or fingerprint_of(*fields, **options))
     auth = messages.decode_authorization(raw, key=key)
     assert auth.fingerprint == fingerprint_of(
         auth.account_id, auth.amount_text, auth.currency, auth.authorization_type)

@@ -33,12 +33,16 @@ def script(batch: int, accounts: int) -> str:
         9: f"array_fill('0'::text, ARRAY[{batch}])",
         10: f"array_fill('0'::text, ARRAY[{batch}])",
         14: f"array_fill(NULL::text, ARRAY[{batch}])",  # no original_transaction_id
+        15: f"array_fill(NULL::text, ARRAY[{batch}])",  # no conversion
+        16: f"array_fill(NULL::text, ARRAY[{batch}])",
+        17: f"array_fill('f'::text, ARRAY[{batch}])",  # no partial approval
+        18: f"array_fill(NULL::text, ARRAY[{batch}])",  # (a clearing's final flag)
     }
     values = {number: f"array_to_string({array}, E'\\x1f', E'\\x1e')"
               for number, array in arrays.items()}
     values |= {11: "now()", 12: "'pgbench'", 13: "gen_random_uuid()"}
     statement = sql.AUTHORIZE_STATEMENT
-    for number in sorted(values, reverse=True):  # $14 before $1
+    for number in sorted(values, reverse=True):  # $18 before $1
         statement = statement.replace(f"${number}", values[number])
     return "\n".join(["\\set n random(1, 2000000000)", " ".join(statement.split()) + ";", ""])
 

@@ -149,12 +149,15 @@ def test_a_fresh_database_and_one_upgraded_from_012_end_the_same(
 
 def test_the_rule_version_is_the_rule_files_whatever_the_path(
         empty_database: Callable[[], str]) -> None:
-    """The version recorded with each decision is the md5 of payauth_decide's body, as its
-    file has it: moving the rule into its file changed nothing a decision records."""
-    body = re.search(r"AS \$\$(.*?)\$\$;", (DEFINITIONS_DIR / "payauth_decide.sql").read_text(),
-                     re.S)
-    assert body
-    expected = hashlib.md5(body.group(1).encode()).hexdigest()[:12]
+    """The version recorded with each decision is the md5 of the bodies of the rule's three
+    functions, as their files have them, whichever way the database came to them."""
+    bodies = []
+    for name in ("payauth_decide", "payauth_account_amount", "payauth_approved"):
+        body = re.search(r"AS \$\$(.*?)\$\$;", (DEFINITIONS_DIR / f"{name}.sql").read_text(),
+                         re.S)
+        assert body, name
+        bodies.append(body.group(1))
+    expected = hashlib.md5("".join(bodies).encode()).hexdigest()[:12]
     fresh, upgraded = empty_database(), empty_database()
     asyncio.run(migrate(fresh))
     asyncio.run(_as_the_tool_before_definitions(upgraded))

@@ -1,6 +1,6 @@
 """``payauth replay --shadow`` against a planted decision bug: a ``sql/payauth_decide.sql`` that
-declines GBP refunds as CURRENCY_MISMATCH, deployed under a running worker and fixed by the
-next deployment.
+declines refunds over 7.00 as CURRENCY_MISMATCH, deployed under a running worker and fixed by
+the next deployment.
 The shadow replay must list exactly the refunds the bug declined, write nothing anywhere,
 and report nothing for decisions taken under the rule as it is now."""
 
@@ -18,8 +18,8 @@ from tests.support import stack
 from tests.support.factory import auth_message, encode
 from tests.support.workers import payauth, wait_caught_up
 
-_RIGHT = "        WHEN auth_type = 'REFUND' THEN 'APPROVED'\n"
-_BUG = ("        WHEN auth_type = 'REFUND' AND currency = 'GBP' THEN 'CURRENCY_MISMATCH'\n"
+_RIGHT = "        WHEN auth_type IN ('REFUND', 'VERIFICATION') THEN 'APPROVED'\n"
+_BUG = ("        WHEN auth_type = 'REFUND' AND amount > 7 THEN 'CURRENCY_MISMATCH'\n"
         + _RIGHT)
 
 
@@ -91,7 +91,7 @@ def test_shadow_replay_lists_exactly_what_a_planted_bug_decided(env, spawn_worke
     # The bug is deployed under the running worker, decides, and is fixed.
     assert payauth(env, "migrate", "--sql-dir",
                    str(_definitions_with_the_bug(tmp_path / "bug"))).returncode == 0
-    gbp_refunds = _send(env, [_message(gbp, "REFUND", "GBP") for _ in range(3)])
+    gbp_refunds = _send(env, [_message(gbp, "REFUND", "GBP", "7.77") for _ in range(3)])
     unaffected = _send(env, [_message(eur, "REFUND", "EUR"), _message(gbp, "PURCHASE", "GBP"),
                              _message(eur, "PURCHASE", "EUR")])
     wait_caught_up(env.group_id, env.input_topic, env.partitions)
@@ -187,12 +187,15 @@ def test_shadow_replay_agrees_with_the_worker_on_every_kind(env, spawn_worker, t
         # Dead-lettered LIFECYCLE_MISMATCH by the worker:
         lifecycle("CLR-OF-BUY", "CLEARING", "10.00", "BUY"),  # a purchase posted already
         lifecycle("REV-OF-REFUND", "REVERSAL", "1.00", "REFUND"),
-        lifecycle("REV-ELSEWHERE", "REVERSAL", "1.00", "HOLD", account=other),
         lifecycle("ADVICE-USD", "ADVICE", "5.00", currency="USD"),
         lifecycle("CLR-USD", "CLEARING", "5.00", currency="USD"),
     ]
     _send(env, stream)
     spawn_worker(env)
+    wait_caught_up(env.group_id, env.input_topic, env.partitions)
+    # Another account's key is another partition: sent once its original is decided, or it
+    # would wait for it as an orphan.
+    _send(env, [lifecycle("REV-ELSEWHERE", "REVERSAL", "1.00", "HOLD", account=other)])
     wait_caught_up(env.group_id, env.input_topic, env.partitions)
     dead = stack.read_topic(env.dlq_topic, expect=5)
     assert sorted(dict(r.headers())["error.reason"].decode() for r in dead) == \

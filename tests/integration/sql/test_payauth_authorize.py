@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import random
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -247,7 +248,8 @@ def test_a_lifecycle_batch_decides_purchases_and_refunds_as_the_reference(env: s
 
 CALL = """SELECT * FROM {fn}($1::text[], $2::text[], $3::numeric[], $4::text[], $5::text[],
                             $6::text[], $7::text[], $8::text[], $9::integer[], $10::bigint[],
-                            $11, $12, $13, $14::text[])"""
+                            $11, $12, $13, $14::text[], $15::numeric[], $16::text[],
+                            $17::boolean[], $18::boolean[])"""
 # Each route's calls as counted so far in the transaction (track_functions).
 ROUTE_CALLS = ("SELECT funcname, calls FROM pg_stat_xact_user_functions "
                "WHERE funcname IN ('payauth_authorize_purchases', 'payauth_authorize_lifecycle', "
@@ -255,27 +257,48 @@ ROUTE_CALLS = ("SELECT funcname, calls FROM pg_stat_xact_user_functions "
 # What each path wrote, without what differs between two transactions by nature (serial ids,
 # the database's clock): compared row for row.
 SNAPSHOT = {
-    "holds": "SELECT txn_id, account_id, kind, amount, remaining, state, ended_at IS NULL AS "
-             "active, ended_by, released FROM holds ORDER BY txn_id",
+    "holds": "SELECT txn_id, account_id, kind, amount, incremented, remaining, state, "
+             "ended_at IS NULL AS active, ended_by, released FROM holds ORDER BY txn_id",
     "processed": "SELECT txn_id, result, decline_reason, amount_applied, forced, orphan, "
-                 "original_txn_id, input_balance, input_status, input_currency, rule_version "
+                 "original_txn_id, input_balance, input_status, input_currency, rule_version, "
+                 "billing_amount, billing_currency, partial_ok, amount_approved, final, "
+                 "input_hold_state, ledger_balance, already_cleared "
                  "FROM processed_transactions ORDER BY txn_id",
     "lifecycle": "SELECT txn_id, kind, result, decline_reason, amount_applied, forced, orphan, "
-                 "ended_hold, original_txn_id FROM lifecycle_messages ORDER BY txn_id",
-    "ledger": "SELECT txn_id, account_id, amount, type FROM ledger_entries ORDER BY entry_id",
+                 "ended_hold, original_txn_id, final, amount_approved "
+                 "FROM lifecycle_messages ORDER BY txn_id",
+    "ledger": "SELECT txn_id, account_id, amount, currency, type, request_fingerprint "
+              "FROM ledger_entries ORDER BY entry_id",
     "orphans": "SELECT txn_id, state, applied FROM orphan_reversals ORDER BY txn_id",
+    "early": "SELECT txn_id, state, applied FROM early_clearings ORDER BY txn_id",
     "accounts": "SELECT account_id, balance, held FROM accounts ORDER BY account_id",
 }
-Msg = tuple[str, str, str, str, str | None, str]  # txn, account, kind, amount, original, cur
+
+
+@dataclass(frozen=True)
+class Msg:
+    txn: str
+    account: str
+    kind: str
+    amount: str
+    original: str | None = None
+    currency: str = "EUR"
+    billing: tuple[str, str] | None = None  # (amount, currency)
+    partial: bool = False
+    final: bool | None = None
+
+
 PATH_ACCOUNTS = [("P-RICH", "100000.00", "ACTIVE"), ("P-POOR", "50.00", "ACTIVE"),
-            ("P-BLOCKED", "1000.00", "BLOCKED")]
+                 ("P-BLOCKED", "1000.00", "BLOCKED")]
 
 
 class Stream:
-    """Random batches whose every REVERSAL and CLEARING names a hold placed before it (the
-    common path), with the decisions that path must still make: declines for funds and
-    status, capped and full reversals, a reversal or clearing after the hold's end,
-    clearings over and under the hold and forced ones, advices past the balance."""
+    """Random batches whose every REVERSAL, CLEARING and INCREMENTAL names a hold placed
+    before it (the common path), with the decisions that path must still make: declines
+    for funds and status, capped and full reversals, a reversal, clearing or increment
+    after the hold's end, clearings over and under the hold, non-final ones and forced
+    ones, advices past the balance, increments, partial approvals, conversions,
+    verifications and balance inquiries."""
 
     def __init__(self, seed: int) -> None:
         self.rng = random.Random(seed)
@@ -289,37 +312,60 @@ class Stream:
     def message(self) -> Msg:
         rng = self.rng
         roll = rng.random()
+        txn = self._txn()
         if self.holds and roll < 0.45:
             original = rng.choice(sorted(self.holds))
             account = self.holds[original]
-            if rng.random() < 0.6:
-                return (self._txn(), account, "REVERSAL", rng.choice(["5.00", "20.00", "90.00"]),
-                        original, "EUR")
-            return self._txn(), account, "CLEARING", rng.choice(["10.00", "60.00"]), original, "EUR"
+            pick = rng.random()
+            if pick < 0.45:
+                return Msg(txn, account, "REVERSAL", rng.choice(["5.00", "20.00", "90.00"]),
+                           original)
+            if pick < 0.6:
+                return Msg(txn, account, "INCREMENTAL", rng.choice(["10.00", "900.00"]),
+                           original)
+            if pick < 0.7:  # converted: the billing amount moves
+                return Msg(txn, account, "CLEARING", "1500", original, "JPY",
+                           billing=("9.50", "EUR"), final=rng.random() < 0.5)
+            return Msg(txn, account, "CLEARING", rng.choice(["10.00", "60.00"]), original,
+                       final=rng.choice([None, False, True]))
         account = rng.choice(PATH_ACCOUNTS)[0]
-        txn = self._txn()
-        if roll < 0.65:
+        if roll < 0.62:
             kind = "ADVICE" if rng.random() < 0.3 or account != "P-RICH" else "AUTHORIZATION"
             self.holds[txn] = account  # an advice is always placed; so is a hold on P-RICH
-            return txn, account, kind, rng.choice(["30.00", "70.00", "400.00"]), None, "EUR"
+            return Msg(txn, account, kind, rng.choice(["30.00", "70.00", "400.00"]))
+        if roll < 0.67:
+            return Msg(txn, account, "AUTHORIZATION", "5000.00",  # declined but on P-RICH
+                       partial=rng.random() < 0.5)
         if roll < 0.72:
-            return txn, account, "AUTHORIZATION", "5000.00", None, "EUR"  # declined but on P-RICH
-        if roll < 0.8:
-            return txn, account, "CLEARING", "15.00", None, "EUR"  # forced
-        if roll < 0.9:  # declined: an unknown account, another currency
-            return (txn, rng.choice(["P-NOBODY", account]),
-                    rng.choice(["PURCHASE", "REFUND", "AUTHORIZATION"]), "5.00", None, "USD")
-        return txn, account, rng.choice(["PURCHASE", "REFUND"]), rng.choice(
-            ["25.00", "800.00"]), None, "EUR"
+            return Msg(txn, account, "CLEARING", "15.00")  # forced
+        if roll < 0.78:  # declined: an unknown account, another currency
+            kind = rng.choice(["PURCHASE", "REFUND", "AUTHORIZATION", "VERIFICATION"])
+            return Msg(txn, rng.choice(["P-NOBODY", account]), kind,
+                       "0" if kind == "VERIFICATION" else "5.00", currency="USD")
+        if roll < 0.84:
+            return Msg(txn, account, rng.choice(["VERIFICATION", "BALANCE_INQUIRY"]), "0.00",
+                       currency=rng.choice(["EUR", "EUR", "USD"]))
+        if roll < 0.9:  # abroad
+            return Msg(txn, account, rng.choice(["PURCHASE", "AUTHORIZATION"]), "100.00",
+                       currency="USD", billing=(rng.choice(["91.50", "9000.00"]), "EUR"),
+                       partial=rng.random() < 0.5)
+        return Msg(txn, account, rng.choice(["PURCHASE", "REFUND"]),
+                   rng.choice(["25.00", "800.00"]),
+                   partial=rng.random() < 0.4)
 
 
 def _args(batch: list[Msg]) -> list[Any]:
     n = len(batch)
-    return [[b[0] for b in batch], [b[1] for b in batch], [Decimal(b[3]) for b in batch],
-            [b[5] for b in batch], [b[2] for b in batch], [f"fp-{b[0]}" for b in batch],
-            [f"c-{b[0]}" for b in batch], [f"m-{b[0]}" for b in batch], [0] * n,
+    return [[b.txn for b in batch], [b.account for b in batch],
+            [Decimal(b.amount) for b in batch], [b.currency for b in batch],
+            [b.kind for b in batch], [f"fp-{b.txn}" for b in batch],
+            [f"c-{b.txn}" for b in batch], [f"m-{b.txn}" for b in batch], [0] * n,
             list(range(n)), datetime(2026, 12, 1, tzinfo=UTC), "t", uuid.uuid4(),
-            [b[4] for b in batch]]
+            [b.original for b in batch],
+            [Decimal(b.billing[0]) if b.billing else None for b in batch],
+            [b.billing[1] if b.billing else None for b in batch],
+            [b.partial and b.kind in ("PURCHASE", "AUTHORIZATION") for b in batch],
+            [b.final for b in batch]]
 
 
 async def _routes(conn: asyncpg.Connection) -> dict[str, int]:
@@ -335,7 +381,7 @@ async def _decide(conn: asyncpg.Connection, fn: str, args: list[Any]
     after = await _routes(conn)
     taken = [name for name, calls in after.items() if calls > before.get(name, 0)]
     tables = {name: [tuple(r) for r in await conn.fetch(sql)] for name, sql in SNAPSHOT.items()}
-    return [tuple(r)[:8] for r in rows], tables, ",".join(sorted(taken))
+    return [tuple(r)[:14] for r in rows], tables, ",".join(sorted(taken))
 
 
 async def _both(conn: asyncpg.Connection, batch: list[Msg]) -> str:
@@ -351,10 +397,11 @@ async def _both(conn: asyncpg.Connection, batch: list[Msg]) -> str:
     routed = await _decide(conn, "payauth_authorize", args)
     await tx.commit()
     # The purchases route leaves the deltas to the events (NULL): they follow from each
-    # message's kind and amount.
+    # message's kind and what was approved (which it answers only when it is not the
+    # amount as sent).
     purchases = routed[2] == "payauth_authorize_purchases"
-    assert [r[:6] if purchases else r for r in routed[0]] == \
-        [r[:6] if purchases else r for r in by_loop[0]], batch
+    assert [r[:6] + r[9:] if purchases else r for r in routed[0]] == \
+        [r[:6] + r[9:] if purchases else r for r in by_loop[0]], batch
     assert routed[1] == by_loop[1], batch
     return routed[2]
 
@@ -378,37 +425,50 @@ def test_each_route_decides_as_the_loop(env: stack.Env) -> None:
             assert routes <= {"payauth_authorize_lifecycle", "payauth_authorize_purchases"}
             assert {("APPROVED", None), ("DECLINED", "INSUFFICIENT_FUNDS"),
                     ("DECLINED", "ACCOUNT_BLOCKED"), ("DECLINED", "UNKNOWN_ACCOUNT"),
-                    ("DECLINED", "CURRENCY_MISMATCH")} <= results
+                    ("DECLINED", "CURRENCY_MISMATCH"), ("DECLINED", "HOLD_NOT_ACTIVE")} \
+                <= results
+            day = await conn.fetchrow(
+                "SELECT count(*) FILTER (WHERE amount_approved < amount) AS partial, "
+                "count(*) FILTER (WHERE billing_currency IS NOT NULL AND result = 'APPROVED') "
+                "AS converted, count(*) FILTER (WHERE ledger_balance IS NOT NULL) AS inquiries, "
+                "count(*) FILTER (WHERE final = false) AS split "
+                "FROM processed_transactions")
+            assert all(day[k] > 0 for k in ("partial", "converted", "inquiries", "split")), day
+            assert await conn.fetchval("SELECT count(*) FROM holds WHERE incremented > 0") > 0
             states = {r["state"] for r in await conn.fetch("SELECT state FROM holds")}
             assert {"ACTIVE", "REVERSED", "CLEARED"} <= states
 
             # A hold declined earlier in its batch, then reversed and cleared in it: the
             # lifecycle route (the reversal changes nothing, the clearing is forced).
             declined_in_batch = [
-                ("P-D1", "P-POOR", "AUTHORIZATION", "5000.00", None, "EUR"),
-                ("P-D2", "P-POOR", "REVERSAL", "10.00", "P-D1", "EUR"),
-                ("P-D3", "P-POOR", "CLEARING", "10.00", "P-D1", "EUR"),
+                Msg("P-D1", "P-POOR", "AUTHORIZATION", "5000.00"),
+                Msg("P-D2", "P-POOR", "REVERSAL", "10.00", "P-D1"),
+                Msg("P-D3", "P-POOR", "CLEARING", "10.00", "P-D1"),
+                Msg("P-D4", "P-POOR", "INCREMENTAL", "10.00", "P-D1"),
             ]
             assert await _both(conn, declined_in_batch) == "payauth_authorize_lifecycle"
 
             # Off the common path: the loop, whole.
             off_path = [
-                [("P-X1", "P-RICH", "REVERSAL", "5.00", "P-NOT-YET", "EUR")],  # an orphan
-                [("P-X2", "P-NOBODY", "CLEARING", "5.00", None, "EUR")],  # no account
-                [("P-X5", "P-RICH", "ADVICE", "5.00", None, "USD")],  # another currency
-                [("P-X3", "P-RICH", "AUTHORIZATION", "1.00", None, "EUR"),
-                 ("P-X4", "P-POOR", "REVERSAL", "1.00", "P-X3", "EUR")],  # another's hold
-                [("P-X6", "P-RICH", "REVERSAL", "1.00", "P-X7", "EUR"),  # before its hold
-                 ("P-X7", "P-RICH", "AUTHORIZATION", "1.00", None, "EUR")],
-                [("P-X8", "P-RICH", "PURCHASE", "1.00", None, "EUR"),
-                 ("P-X9", "P-RICH", "REVERSAL", "1.00", "P-X8", "EUR")],  # of a purchase
-                [("P-Y1", "P-RICH", "PURCHASE", "2.00", None, "EUR")],  # P-X6 never came...
-                [("P-X6B", "P-RICH", "REVERSAL", "1.00", "P-Y2", "EUR")],
-                [("P-Y2", "P-RICH", "PURCHASE", "2.00", None, "EUR")],  # ...an orphan waits
+                [Msg("P-X1", "P-RICH", "REVERSAL", "5.00", "P-NOT-YET")],  # an orphan
+                [Msg("P-X2", "P-NOBODY", "CLEARING", "5.00")],  # no account
+                [Msg("P-X5", "P-RICH", "ADVICE", "5.00", currency="USD")],  # no billing
+                [Msg("P-X3", "P-RICH", "AUTHORIZATION", "1.00"),
+                 Msg("P-X4", "P-POOR", "REVERSAL", "1.00", "P-X3")],  # another's hold
+                [Msg("P-X6", "P-RICH", "REVERSAL", "1.00", "P-X7"),  # before its hold
+                 Msg("P-X7", "P-RICH", "AUTHORIZATION", "1.00")],
+                [Msg("P-X8", "P-RICH", "PURCHASE", "1.00"),
+                 Msg("P-X9", "P-RICH", "REVERSAL", "1.00", "P-X8")],  # of a purchase
+                [Msg("P-Y1", "P-RICH", "PURCHASE", "2.00")],  # P-X6 never came...
+                [Msg("P-X6B", "P-RICH", "REVERSAL", "1.00", "P-Y2")],
+                [Msg("P-Y2", "P-RICH", "PURCHASE", "2.00")],  # ...an orphan waits
+                [Msg("P-Z1", "P-RICH", "CLEARING", "3.00", "P-Z2", final=False)],  # early
+                [Msg("P-Z2", "P-RICH", "AUTHORIZATION", "10.00")],  # its hold comes
+                [Msg("P-Z3", "P-RICH", "INCREMENTAL", "3.00", "P-NO-HOLD")],  # no hold
             ]
             for batch in off_path:
                 route = await _both(conn, batch)
-                want = "payauth_authorize_purchases" if batch[0][0] == "P-Y1" \
+                want = "payauth_authorize_purchases" if batch[0].txn == "P-Y1" \
                     else "payauth_authorize_each"
                 assert route == want, batch
         finally:
