@@ -200,6 +200,8 @@ class DemoStream:
         again = {**inquiry, "headers": {**inquiry["headers"], "message_id": "again-"
                                         + inquiry["headers"]["message_id"]}}
         self._add(acc, again, "duplicate", late=True)  # answers its first figures
+        self.day.append(("  asked again, after a purchase", inquiry["body"]["transaction_id"],
+                         {"ledger_balance": "1000.00"}))
         send("partial approval (asked 120.00)", "PURCHASE", "120.00",
              {"amount_approved": "80.00", "partial": True}, account=small,
              partial_approval_supported=True)
@@ -458,8 +460,8 @@ def print_summary(expected: Counter[str], observed: Counter[str], verdict: str, 
     day_agrees = True
     if day:
         print()
-        print(f"{'an issuer’s day':<34}{'expected':>22}{'observed':>22}")
-        print("-" * 78)
+        print(f"{'an issuer’s day':<30}{'expected':>32}{'observed':>32}")
+        print("-" * 94)
         for label, txn, fields in day:
             copies = (day_observed or {}).get(txn, [])
             first: dict[str, Any] = copies[0] if copies else {}
@@ -470,8 +472,8 @@ def print_summary(expected: Counter[str], observed: Counter[str], verdict: str, 
                 agrees = got_value == want and same
                 day_agrees &= agrees
                 text = f"{field} {_shown(want)}"
-                print(f"{label if i == 0 else '':<34}{text:>22}"
-                      f"{field + ' ' + _shown(got_value):>22}"
+                print(f"{label if i == 0 else '':<30}{text:>32}"
+                      f"{field + ' ' + _shown(got_value):>32}"
                       f"{'' if agrees else '   <-- MISMATCH'}")
     print()
     print(verdict)
