@@ -74,6 +74,7 @@ DECLARE
     a          record;   -- the account as it is now
     h          record;   -- the original's hold (when has_hold)
     has_hold   boolean;
+    hold_active boolean; -- has_hold and that hold is ACTIVE
     o          record;
     avail      numeric;
     decision   text;
@@ -112,7 +113,7 @@ BEGIN
         kind := p_auth_types[i]; orig := p_originals[i]; fin := coalesce(p_final[i], true);
         applied := NULL; is_forced := NULL; is_orphan := NULL; ended := false; why := NULL;
         delta := 0; hold_delta := 0; credit := 0; credit_ids := '{}'; credits := '{}';
-        has_hold := false; orig_type := NULL; granted := NULL; hold_seen := NULL;
+        has_hold := false; hold_active := false; orig_type := NULL; granted := NULL; hold_seen := NULL;
         orig_res := NULL; o_ids := NULL; o_amounts := NULL; o_corrs := NULL;
         cleared := NULL; cleared_by := NULL;
 
@@ -142,7 +143,7 @@ BEGIN
             SELECT * INTO h FROM holds WHERE txn_id = orig FOR UPDATE;
             has_hold := FOUND;
             IF has_hold THEN
-                orig_type := h.kind; orig_res := 'APPROVED';
+                orig_type := h.kind; orig_res := 'APPROVED'; hold_active := h.state = 'ACTIVE';
             ELSE
                 SELECT l.type, -l.amount INTO orig_type, orig_amt
                   FROM ledger_entries l WHERE l.txn_id = orig;
@@ -316,7 +317,9 @@ BEGIN
         ELSIF kind = 'CLEARING' AND res = 'APPROVED' THEN
             is_forced := NOT has_hold;
             applied := 0;
-            IF has_hold AND h.state = 'ACTIVE' THEN
+            -- hold_active, not "has_hold AND h.state = ...": PL/pgSQL reads every variable
+            -- of an expression before evaluating it, and h is unassigned until a hold is read.
+            IF hold_active THEN
                 applied := CASE WHEN fin THEN h.remaining ELSE least(amt, h.remaining) END;
                 ended := fin;
                 UPDATE holds

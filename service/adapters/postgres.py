@@ -237,7 +237,7 @@ def translate(exc: BaseException) -> BaseException:
         # error) is about the database, not about a message: the partitions wait, /readyz
         # says PostgreSQL is not answering, and no message is dead-lettered for it.
         return StoreUnavailable(f"PostgreSQL refused the work: {type(exc).__name__} "
-                                f"(SQLSTATE {exc.sqlstate})")
+                                f"(SQLSTATE {exc.sqlstate}): {str(exc)[:200]}")
     return exc
 
 

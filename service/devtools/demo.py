@@ -14,7 +14,6 @@ agree.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import os
@@ -28,51 +27,19 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer
 
 from service.adapters.kafka.admin import group_lag
 from service.adapters.kafka.config import client_config
 from service.config import Settings
+from service.devtools.demo_day import DayRow, day_accounts, day_events, issuers_day, print_day
+from service.devtools.network_message import authorization_message
 from service.devtools.processes import WorkerProcess
 from service.domain.vocabulary import DuplicateCause
 from service.logs import librdkafka_logger
 from service.ops import holds
 from service.ops.topics import ensure_topics
 from service.ops.verify import report, verify
-
-
-def authorization_message(
-    transaction_id: str,
-    *,
-    account_id: str,
-    amount: Any,
-    currency: str = "EUR",
-    authorization_type: str = "PURCHASE",
-    message_id: str | None = None,
-    merchant: str = "Amazon.es",
-    **body_overrides: Any,
-) -> dict[str, Any]:
-    """An authorization request as the payment network sends it (contract format)."""
-    body: dict[str, Any] = {
-        "transaction_id": transaction_id,
-        "card_number_hash": "sha256:" + hashlib.sha256(transaction_id.encode()).hexdigest(),
-        "account_id": account_id,
-        "amount": amount,
-        "currency": currency,
-        "merchant": merchant,
-        "merchant_category": "5411",
-        "authorization_type": authorization_type,
-    }
-    body.update(body_overrides)
-    return {
-        "headers": {
-            "message_id": message_id or f"msg-{uuid.uuid4().hex[:16]}",
-            "correlation_id": f"corr-{transaction_id}",
-            "timestamp": "2026-04-07T14:32:15Z",
-            "source": "payment-network-gateway",
-        },
-        "body": body,
-    }
 
 
 class DemoStream:
@@ -91,8 +58,7 @@ class DemoStream:
         self._seq = 0
         # hold txn -> (what it shows, expected state, expected released by its end)
         self.holds: dict[str, tuple[str, str, str]] = {}
-        # an issuer's day: (what it shows, its transaction, the event fields it should carry)
-        self.day: list[tuple[str, str, dict[str, Any]]] = []
+        self.day: list[DayRow] = []
 
     def _txn(self) -> str:
         self._seq += 1
@@ -144,7 +110,7 @@ class DemoStream:
             self._duplicates(acc, msg, raw)
         self._bad_input()
         self._lifecycles(next(a for a in active if a not in poor))
-        self._issuers_day()
+        self.day = issuers_day(self.run, self._txn, self._add)
 
     def _lifecycles(self, acc: str) -> None:
         """Three holds on one account (so in order): the third expires between the waves
@@ -172,60 +138,6 @@ class DemoStream:
         expiring = send("AUTHORIZATION", "40.00")
         send("CLEARING", "40.00", expiring, late=True)  # after the expiry: releases nothing
         self.holds[expiring] = ("placed 40, expired, cleared late", "EXPIRED", "40.00")
-
-    def _issuers_day(self) -> None:
-        """One of each of an issuer's day, on accounts of their own (``day_accounts``), each
-        with the event fields it should publish (``self.day``)."""
-        acc, small = day_accounts(self.run)
-
-        def send(label: str, kind: str, amount: str, expect: dict[str, Any],
-                 original: str | None = None, account: str = acc, **fields: Any) -> str:
-            txn = self._txn()
-            extra = {} if original is None else {"original_transaction_id": original}
-            self._add(account, authorization_message(txn, account_id=account, amount=amount,
-                                                     authorization_type=kind, **extra,
-                                                     **fields), "approved")
-            if label:
-                self.day.append((label, txn, expect))
-            return txn
-
-        send("verification", "VERIFICATION", "0.00",
-             {"result": "APPROVED", "balance_delta": "0.00"})
-        inquiry = authorization_message(self._txn(), account_id=acc, amount="0.00",
-                                        authorization_type="BALANCE_INQUIRY")
-        self._add(acc, inquiry, "approved")
-        self.day.append(("balance inquiry", inquiry["body"]["transaction_id"],
-                         {"ledger_balance": "1000.00", "available_balance": "1000.00"}))
-        send("", "PURCHASE", "120.00", {})  # the balance moves
-        again = {**inquiry, "headers": {**inquiry["headers"], "message_id": "again-"
-                                        + inquiry["headers"]["message_id"]}}
-        self._add(acc, again, "duplicate", late=True)  # answers its first figures
-        self.day.append(("  asked again, after a purchase", inquiry["body"]["transaction_id"],
-                         {"ledger_balance": "1000.00"}))
-        send("partial approval (asked 120.00)", "PURCHASE", "120.00",
-             {"amount_approved": "80.00", "partial": True}, account=small,
-             partial_approval_supported=True)
-        hotel = send("hotel hold", "AUTHORIZATION", "200.00", {"held_delta": "200.00"})
-        send("  first increment", "INCREMENTAL", "50.00", {"held_delta": "50.00"}, hotel)
-        send("  second increment", "INCREMENTAL", "30.00", {"held_delta": "30.00"}, hotel)
-        send("  final clearing", "CLEARING", "265.00",
-             {"held_delta": "-280.00", "balance_delta": "-265.00"}, hotel)
-        send("purchase abroad (100.00 USD)", "PURCHASE", "100.00",
-             {"amount_approved": "92.37", "balance_delta": "-92.37"}, currency="USD",
-             billing_amount="92.37", billing_currency="EUR")
-        parcel = send("split shipment: hold", "AUTHORIZATION", "90.00", {"held_delta": "90.00"})
-        send("  first parcel cleared", "CLEARING", "40.00",
-             {"final": False, "held_delta": "-40.00"}, parcel, final=False)
-        send("  last parcel cleared", "CLEARING", "50.00",
-             {"final": True, "held_delta": "-50.00"}, parcel)
-        advice = f"DEMO-{self.run}-stand-in"
-        send("clearing before its advice", "CLEARING", "25.00",
-             {"forced": True, "balance_delta": "-25.00"}, advice)
-        self._add(acc, authorization_message(advice, account_id=acc, amount="25.00",
-                                             authorization_type="ADVICE"), "approved",
-                  late=True)
-        self.day.append(("  the advice, after it", advice,
-                         {"amount_already_cleared": "25.00", "held_delta": "0.00"}))
 
     def _duplicates(self, acc: str, msg: dict[str, Any], raw: bytes) -> None:
         roll = self.rng.random()
@@ -257,11 +169,6 @@ class DemoStream:
         conflicting["body"]["amount"] = "999.99"
         conflicting["headers"]["message_id"] = "conflict-" + uuid.uuid4().hex[:8]
         self._add(acc, conflicting, "conflict", late=True)
-
-
-def day_accounts(run: str) -> tuple[str, str]:
-    """The accounts of the issuer's day: one with 1,000.00 EUR, one with 80.00 EUR."""
-    return f"DAY-{run}", f"DAY-{run}-small"
 
 
 async def seed_accounts(dsn: str, run: str, n: int, rng: random.Random
@@ -375,36 +282,6 @@ def run_demo(settings: Settings, *, transactions: int, accounts: int, seed: int,
                          stream.day, events)
 
 
-def day_events(settings: Settings, txns: set[str]) -> dict[str, list[dict[str, Any]]]:
-    """The events published for these transactions (their decisions' own), in order."""
-    consumer = Consumer({"bootstrap.servers": settings.kafka_bootstrap_servers,
-                         "group.id": f"demo-day-{uuid.uuid4().hex[:8]}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False,
-                         "enable.partition.eof": True,
-                         "logger": librdkafka_logger(level=logging.ERROR)})
-    found: dict[str, list[dict[str, Any]]] = {}
-    try:
-        topic = settings.output_topic
-        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-        ended: set[int] = set()
-        deadline = time.monotonic() + 60
-        while len(ended) < len(partitions) and time.monotonic() < deadline:
-            for msg in consumer.consume(500, timeout=1.0):
-                error = msg.error()
-                if error is not None:
-                    if error.code() == KafkaError._PARTITION_EOF:
-                        ended.add(msg.partition() or 0)
-                    continue
-                event = json.loads(msg.value() or b"{}")
-                if event.get("transaction_id") in txns and event["event_type"] not in (
-                        "ReversalApplied", "HoldExpired"):
-                    found.setdefault(event["transaction_id"], []).append(event)
-    finally:
-        consumer.close()
-    return found
-
-
 async def hold_lives(dsn: str, txn_ids: list[str]) -> dict[str, tuple[str, str]]:
     """Each hold's state and what its end released, as the database has them."""
     conn = await asyncpg.connect(dsn)
@@ -419,7 +296,7 @@ async def hold_lives(dsn: str, txn_ids: list[str]) -> dict[str, tuple[str, str]]
 def print_summary(expected: Counter[str], observed: Counter[str], verdict: str, ok: bool,
                   holds_expected: dict[str, tuple[str, str, str]] | None = None,
                   holds_observed: dict[str, tuple[str, str]] | None = None,
-                  day: list[tuple[str, str, dict[str, Any]]] | None = None,
+                  day: list[DayRow] | None = None,
                   day_observed: dict[str, list[dict[str, Any]]] | None = None) -> int:
     def got(outcome: str) -> int:
         return observed[f'payauth_messages_total{{outcome="{outcome}"}}']
@@ -457,24 +334,7 @@ def print_summary(expected: Counter[str], observed: Counter[str], verdict: str, 
             lives_agree &= exp_text == obs_text
             print(f"{story:<46}{exp_text:>16}{obs_text:>16}"
                   f"{'' if exp_text == obs_text else '   <-- MISMATCH'}")
-    day_agrees = True
-    if day:
-        print()
-        print(f"{'an issuer’s day':<30}{'expected':>32}{'observed':>32}")
-        print("-" * 94)
-        for label, txn, fields in day:
-            copies = (day_observed or {}).get(txn, [])
-            first: dict[str, Any] = copies[0] if copies else {}
-            # every copy the same event (an inquiry's redelivery answers its first figures)
-            same = all(e == first for e in copies)
-            for i, (field, want) in enumerate(fields.items()):
-                got_value = first.get(field, "none")
-                agrees = got_value == want and same
-                day_agrees &= agrees
-                text = f"{field} {_shown(want)}"
-                print(f"{label if i == 0 else '':<30}{text:>32}"
-                      f"{field + ' ' + _shown(got_value):>32}"
-                      f"{'' if agrees else '   <-- MISMATCH'}")
+    day_agrees = print_day(day, day_observed or {}) if day else True
     print()
     print(verdict)
     agree = all(exp == obs for _, exp, obs in rows) and lives_agree and day_agrees
@@ -482,6 +342,3 @@ def print_summary(expected: Counter[str], observed: Counter[str], verdict: str, 
         print("demo: the workers' counts do not match the ground truth")
     return 0 if agree and ok else 1
 
-
-def _shown(value: Any) -> str:
-    return str(value).lower() if isinstance(value, bool) else str(value)

@@ -7,7 +7,7 @@ import uuid
 from decimal import Decimal
 from typing import Any
 
-from service.devtools.demo import authorization_message
+from service.devtools.network_message import authorization_message
 
 
 def auth_message(

@@ -20,7 +20,7 @@ import random
 from collections.abc import Callable
 from decimal import Decimal
 
-from service.devtools.demo import authorization_message
+from service.devtools.network_message import authorization_message
 
 SPREAD = 2_000  # positions between a hold's messages, at most
 MESSAGES_PER_HOLD = 7 / 3  # the mean over the three endings

@@ -63,7 +63,7 @@ from service.config import Settings, load_settings
 from service.devtools import scratch
 from service.devtools.bench import cpu, lifecycle, paced, pgbench, plot
 from service.devtools.bench.naive import run_naive
-from service.devtools.demo import authorization_message
+from service.devtools.network_message import authorization_message
 from service.devtools.processes import ROOT, WorkerProcess
 from service.ops.replay import build_plan, execute
 from service.ops.verify import report, verify

@@ -48,7 +48,7 @@ from confluent_kafka import Producer
 
 from service.devtools.chaos import placement
 from service.devtools.chaos.lifecycles import Planned, Scripts
-from service.devtools.demo import authorization_message
+from service.devtools.network_message import authorization_message
 from service.domain.messages import decode_authorization
 from service.logs import librdkafka_logger
 

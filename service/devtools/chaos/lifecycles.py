@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from service.devtools.demo import authorization_message
+from service.devtools.network_message import authorization_message
 
 CENT = Decimal("0.01")
 Step = tuple[str, str, dict[str, Any], str]  # (kind, account, message, expect)

@@ -475,3 +475,25 @@ def test_each_route_decides_as_the_loop(env: stack.Env) -> None:
             await conn.close()
 
     asyncio.run(scenario())
+
+
+def test_a_forced_clearing_first_on_a_new_connection(env: stack.Env) -> None:
+    """The loop's first message names no original, so it has read no hold yet, and the
+    connection has never planned the loop's expressions: a clearing's test of its hold must
+    not read the unread one (PL/pgSQL plans an expression with every variable it names)."""
+    async def scenario() -> None:
+        await stack.seed_accounts(env.dsn, [("P-RICH", "100.00", "EUR")])
+        conn = await asyncpg.connect(env.dsn)
+        try:
+            async with conn.transaction():
+                rows = await conn.fetch(CALL.format(fn="payauth_authorize"), *_args([
+                    Msg("P-W1", "P-RICH", "CLEARING", "2.00"),  # forced
+                    Msg("P-W2", "P-RICH", "REVERSAL", "1.00", "P-NOT-YET")]))  # an orphan
+            assert [(r["result"], r["forced"], r["orphan"]) for r in rows] == [
+                ("APPROVED", True, None), ("APPROVED", None, True)]
+            assert await conn.fetchval(
+                "SELECT balance FROM accounts WHERE account_id = 'P-RICH'") == Decimal("98.00")
+        finally:
+            await conn.close()
+
+    asyncio.run(scenario())
