@@ -47,3 +47,9 @@ def test_a_short_chaos_run_injects_every_fault_and_holds_every_invariant(live_st
     for end in ("holds expired", "holds reversed", "holds cleared"):
         assert int(lifecycles[end]) > 0, lifecycles
     assert "PASS  every hold is what the log implies" in out
+    # an issuer's day among the lifecycles
+    sent = dict(re.findall(r"^  ([a-z_]+)\s+(\d+)$", out.split("messages sent by kind")[1]
+                           .split("faults injected")[0], re.M))
+    for kind in ("lc_verification", "lc_increment", "lc_clearing_partial",
+                 "lc_authorization_abroad", "lc_clearing_early"):
+        assert int(sent.get(kind, 0)) > 0, (kind, sent)

@@ -2,8 +2,9 @@
 
 Outcomes are made deterministic by the accounts they target, whatever the interleaving:
 rich accounts (never run out) approve purchases and refunds; an empty account declines for
-funds; a blocked one, a USD one (EUR requests) and a missing one decline for their reasons.
-So the checker knows each transaction's right result without replaying the worker's logic.
+funds; a blocked one, a USD one (EUR requests) and a missing one decline for their reasons;
+each partial approval has an account of its own whose balance it asks more than. So the
+checker knows each transaction's right result without replaying the worker's logic.
 
 Each log line is one message as the broker acknowledged it (partition and offset from the
 delivery report; one acknowledged without an offset is found in its partition once the
@@ -16,9 +17,11 @@ load is over, placement.py):
 
 ``expect`` is the transaction's result (approved/declined), or ``conflict`` / ``invalid``
 for messages that must end in the dead-letter topic (``reason`` then says which). A valid
-message also carries its ``type``, ``amount`` and ``original`` (what the checker's model of
-the money reads, lifecycle_model.py); ``pinned`` marks one sent to a partition of the
-generator's choosing rather than its key's.
+message also carries its ``type``, ``amount`` and ``original``, and when the message has
+them its ``currency``, ``billing_amount``/``billing_currency``, ``partial`` (partial
+approval supported), ``final`` (a clearing's) and ``approved`` (what a partial approval
+approves): what the checker's model of the money reads, lifecycle_model.py. ``pinned``
+marks one sent to a partition of the generator's choosing rather than its key's.
 
 Among the purchases go lifecycles (``lc_*`` kinds, lifecycles.py): a share
 (``lifecycle_share``) of the steps starts one, whose later messages are sent when due,
@@ -62,14 +65,20 @@ class Accounts:
     blocked: str
     usd: str
     missing: str
+    partial: list[tuple[str, Decimal]]  # (account, balance): one partial approval each
 
 
-async def seed_accounts(dsn: str, run: str, n_rich: int = 50) -> Accounts:
+async def seed_accounts(dsn: str, run: str, n_rich: int = 50, n_partial: int = 400
+                        ) -> Accounts:
+    rng = random.Random(run)
     accounts = Accounts(
         rich=[f"CHR-{run}-{i:03d}" for i in range(n_rich)],
         empty=f"CHE-{run}", blocked=f"CHB-{run}", usd=f"CHU-{run}", missing=f"CHM-{run}",
+        partial=[(f"CHP-{run}-{i:03d}", Decimal(rng.randint(500, 20_000)) / 100)
+                 for i in range(n_partial)],
     )
     rows = [(a, RICH_BALANCE, "EUR", "ACTIVE") for a in accounts.rich]
+    rows += [(a, balance, "EUR", "ACTIVE") for a, balance in accounts.partial]
     rows += [(accounts.empty, Decimal(0), "EUR", "ACTIVE"),
              (accounts.blocked, Decimal(1000), "EUR", "BLOCKED"),
              (accounts.usd, Decimal(1000), "USD", "ACTIVE")]
@@ -81,6 +90,17 @@ async def seed_accounts(dsn: str, run: str, n_rich: int = 50) -> Accounts:
     finally:
         await conn.close()
     return accounts
+
+
+def conflict_in(body: dict[str, Any]) -> None:
+    """Makes ``body`` another request under the same transaction_id: one more unit of its
+    amount in the amount's own precision (yen have none), or for a kind whose amount is 0
+    (a verification, an inquiry) another currency."""
+    amount = Decimal(str(body["amount"]))
+    if amount == 0:
+        body["currency"] = "USD" if body.get("currency") != "USD" else "EUR"
+    else:
+        body["amount"] = str((amount + 1).quantize(amount))
 
 
 _INVALID: list[tuple[str, str]] = [
@@ -123,7 +143,8 @@ class LoadGenerator:
             deque(maxlen=5000)
         self._lifecycle_share = lifecycle_share
         self._scripts = Scripts(self._rng, self._txn_id, span=lifecycle_span,
-                                orphan_purchase_reversals=orphan_purchase_reversals)
+                                orphan_purchase_reversals=orphan_purchase_reversals,
+                                partial=accounts.partial)
         self._due: list[tuple[float, int, Planned]] = []  # heap: (due, order, message)
         self._planned = 0
         self.sent: Counter[str] = Counter()
@@ -217,13 +238,22 @@ class LoadGenerator:
         while self._due and self._due[0][0] <= now:
             planned = heapq.heappop(self._due)[2]
             self._send_new(planned.kind, planned.account, planned.message, planned.expect,
-                           lifecycle=True)
+                           lifecycle=True, approved=planned.approved)
 
     def _send_new(self, kind: str, key: str, message: dict[str, Any], expect: str, *,
-                  lifecycle: bool) -> None:
+                  lifecycle: bool, approved: str | None = None) -> None:
         body = message["body"]
         fields = {"type": body["authorization_type"], "amount": str(body["amount"]),
                   "original": body.get("original_transaction_id")}
+        if body.get("currency", "EUR") != "EUR":
+            fields["currency"] = body["currency"]
+        for name, field in (("billing_amount", "billing_amount"),
+                            ("billing_currency", "billing_currency"),
+                            ("partial", "partial_approval_supported"), ("final", "final")):
+            if body.get(field) is not None:
+                fields[name] = body[field]
+        if approved is not None:
+            fields["approved"] = approved
         raw = json.dumps(message).encode()
         auth = decode_authorization(raw)
         txn, fp = auth.transaction_id, auth.fingerprint
@@ -246,7 +276,7 @@ class LoadGenerator:
                        partition=self._rng.randrange(self._partitions), fields=fields)
         elif roll < 0.22 and kind != "new_refund":
             conflicting = json.loads(raw)
-            conflicting["body"]["amount"] = f"{Decimal(conflicting['body']['amount']) + 1:.2f}"
+            conflict_in(conflicting["body"])
             conflicting["headers"]["message_id"] = f"conflict-{uuid.uuid4().hex[:12]}"
             # Same key, so the same partition, after the original: the original decides.
             self._send(prefix + "conflict", key, json.dumps(conflicting).encode(), txn=txn,

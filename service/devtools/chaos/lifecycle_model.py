@@ -62,6 +62,8 @@ class Hold:
     remaining: Decimal
     state: str = "ACTIVE"          # or REVERSED / CLEARED (EXPIRED only the database knows)
     ended_by: str | None = None    # the message that ended it
+    ended_on_arrival: bool = False  # by a clearing that came before it (whose own record,
+    #                                 decided when there was no hold, ended none)
     while_active: list[Decimal] = field(default_factory=list)  # what an expiry could release
     incremented: Decimal = ZERO
 
@@ -244,7 +246,7 @@ class Book:
                     cleared_by = clearing
             hold = Hold(txn, account, granted, placed)
             if cleared_by is not None:
-                hold.state, hold.ended_by = "CLEARED", cleared_by
+                hold.state, hold.ended_by, hold.ended_on_arrival = "CLEARED", cleared_by, True
             elif placed == 0 and cleared == 0:
                 hold.state = "REVERSED"
             else:

@@ -449,8 +449,16 @@ class Chaos:
         # messages, or its gap could not be measured (a slow machine had struck the last
         # fault after the load had ended).
         stop_load = threading.Event()
-        load = threading.Thread(target=generator.run, kwargs={
-            "seconds": math.inf, "rate": self.rate, "stop": stop_load})
+        load_failure: list[str] = []
+
+        def send_load() -> None:
+            try:
+                generator.run(seconds=math.inf, rate=self.rate, stop=stop_load)
+            except Exception as exc:  # a broken generator ends the run, never silently
+                load_failure.append(f"{type(exc).__name__}: {exc}")
+                raise
+
+        load = threading.Thread(target=send_load)
         lanes = [threading.Thread(target=self.lane,
                                   args=("workers", self.worker_faults(), 0.25)),
                  threading.Thread(target=self.lane,
@@ -466,9 +474,12 @@ class Chaos:
             lane.start()
         self.expiry.start()
         planned_end = time.monotonic() + self.seconds
-        while time.monotonic() < planned_end:
+        while time.monotonic() < planned_end and load.is_alive():
             time.sleep(min(10.0, max(0.0, planned_end - time.monotonic())))
             log(f"progress: {sum(generator.sent.values())} messages sent")
+        if not load.is_alive():
+            self.errors.append(f"the load generator stopped: {load_failure}")
+            self.stop_faults.set()
         # Let the fault lanes finish what they planned (bounded), then stop them.
         for lane in lanes:
             lane.join(timeout=self.seconds)
