@@ -16,8 +16,9 @@ Phases, each on its own topic/group in one fresh database with 10,000 accounts:
   db limit    pgbench of the worker's statement with batches of the size the worker formed
               over the backlog, as many clients as it keeps batches in flight (``pgbench.py``)
   lifecycle   one worker over a backlog of holds with their endings: authorizations, then
-              clearings, partial reversals and clearings, or full reversals (``lifecycle.py``);
-              its rate against the backlog's (``ratio_lifecycle_vs_purchase``)
+              clearings, partial reversals and clearings, full reversals, increments, split
+              clearings, holds abroad and partial approvals (``lifecycle.py``); its rate
+              against the backlog's (``ratio_lifecycle_vs_purchase``)
   hot         every authorization on one account
   latency     paced at 70 % of `new` after a warm-up: produce → result event, p50/p99; then
               50 %, 25 % and 5 % (the curve); then the sustainable rate, the highest whose
@@ -367,10 +368,11 @@ class Bench:
         must have ended as its messages say: none active, a third reversed."""
         topic = self.topic("life")
         # A generator of its own: the phases after it draw the same values as without it.
-        records = lifecycle.messages(self.sizes.lifecycle, random.Random(27), ACCOUNTS,
+        backlog = lifecycle.messages(self.sizes.lifecycle, random.Random(27), ACCOUNTS,
                                      account_id, prefix=f"BL-{self.run}")
-        total = len(records)
-        self.produce(topic, records)
+        asyncio.run(self.seed(backlog.thin))
+        total = len(backlog.records)
+        self.produce(topic, backlog.records)
         group = f"bench-life-{self.run}"
         worker = self.worker(topic, group, "lifecycle")
         assert worker.proc is not None
@@ -387,10 +389,39 @@ class Bench:
         self.results["lifecycle_auth_per_s"] = round(rate, 1)
         self.results["lifecycle_messages"] = total
         self.results["lifecycle_holds"] = asyncio.run(self.hold_states())
+        self.results["lifecycle_day"] = asyncio.run(self.issuers_day())
         log(f"one worker, holds and their endings ({total:,} messages): {rate:,.0f} msg/s, "
             f"batches of {self.results['lifecycle_batch_messages_mean']} on average; CPU per "
             f"message {self.results['lifecycle_cpu_us_per_msg']} us; holds "
-            f"{self.results['lifecycle_holds']}")
+            f"{self.results['lifecycle_holds']}, of an issuer's day "
+            f"{self.results['lifecycle_day']}")
+
+    async def seed(self, accounts: list[tuple[str, Decimal]]) -> None:
+        conn = await asyncpg.connect(self.dsn)
+        try:
+            await conn.copy_records_to_table(
+                "accounts", columns=["account_id", "balance", "opening_balance", "currency"],
+                records=[(a, balance, balance, "EUR") for a, balance in accounts])
+        finally:
+            await conn.close()
+
+    async def issuers_day(self) -> dict[str, int]:
+        """How many of the lifecycle phase's decisions were of an issuer's day."""
+        conn = await asyncpg.connect(self.dsn)
+        try:
+            row = await conn.fetchrow(
+                "SELECT count(*) FILTER (WHERE amount_approved < amount "
+                "AND billing_currency IS NULL) AS partial, "
+                "count(*) FILTER (WHERE authorization_type = 'INCREMENTAL' "
+                "AND result = 'APPROVED') AS increments, "
+                "count(*) FILTER (WHERE final = false) AS split, "
+                "count(*) FILTER (WHERE billing_currency IS NOT NULL AND result = 'APPROVED') "
+                "AS converted FROM processed_transactions")
+        finally:
+            await conn.close()
+        assert row is not None  # an aggregate answers one row
+        return {name: int(row[name]) for name in ("partial", "increments", "split",
+                                                   "converted")}
 
     async def hold_states(self) -> dict[str, int]:
         conn = await asyncpg.connect(self.dsn)
