@@ -34,7 +34,6 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import redis
 import redis.sentinel
 
@@ -42,6 +41,7 @@ from service.adapters.kafka.admin import group_lag, read_snapshot
 from service.adapters.kafka.config import client_config
 from service.adapters.redis_cache import BUCKET_PREFIX, master_options, sentinel_options
 from service.config import Settings
+from service.devtools.chaos.database_state import database_state
 from service.devtools.chaos.lifecycle_model import Expected, implied_by
 from service.devtools.chaos.rebuild import Finding, rebuilt_from_events, reversals_applied
 from service.domain.dedup import read_fast_path_value
@@ -82,45 +82,6 @@ def read_all(settings: Settings, topic: str) -> list[Any]:
                          topic)
 
 
-async def _database(dsn: str, txns: list[str], accounts: list[str]) -> dict[str, Any]:
-    conn = await asyncpg.connect(dsn)
-    try:
-        processed = {r["txn_id"]: r for r in await conn.fetch(
-            "SELECT txn_id, result, decline_reason, fingerprint, source_partition, "
-            "source_offset, processed_at FROM processed_transactions "
-            "WHERE txn_id = ANY($1::text[])", txns)}
-        ledger: dict[str, int] = defaultdict(int)
-        amounts: dict[str, list[Decimal]] = defaultdict(list)
-        for r in await conn.fetch("SELECT txn_id, amount FROM ledger_entries "
-                                  "WHERE txn_id = ANY($1::text[])", txns):
-            ledger[r["txn_id"]] += 1
-            amounts[r["txn_id"]].append(r["amount"])
-        balances = {r["account_id"]: r for r in await conn.fetch(
-            "SELECT b.account_id, a.opening_balance, b.balance, b.held, b.available "
-            "FROM account_balances b JOIN accounts a USING (account_id) "
-            "WHERE b.account_id = ANY($1::text[])", accounts)}
-        holds = {r["txn_id"]: r for r in await conn.fetch(
-            "SELECT txn_id, account_id, amount, incremented, remaining, state, ended_by, "
-            "released, placed_at, ended_at FROM holds WHERE account_id = ANY($1::text[])",
-            accounts)}
-        enders: dict[str, list[str]] = defaultdict(list)
-        for r in await conn.fetch("SELECT txn_id, original_txn_id FROM lifecycle_messages "
-                                  "WHERE ended_hold AND account_id = ANY($1::text[])",
-                                  accounts):
-            enders[r["original_txn_id"]].append(r["txn_id"])
-        applied = {r["txn_id"]: r["applied"] for r in await conn.fetch(
-            "SELECT txn_id, applied FROM orphan_reversals WHERE state = 'APPLIED' "
-            "AND account_id = ANY($1::text[])", accounts)}
-        idle = await conn.fetchval(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND state LIKE 'idle in transaction%'")
-        return {"processed": processed, "ledger": ledger, "amounts": amounts,
-                "balances": balances, "holds": holds, "enders": enders, "applied": applied,
-                "idle": idle}
-    finally:
-        await conn.close()
-
-
 def _redis(settings: Settings) -> redis.Redis:
     """The Redis the workers write: the master the Sentinels name, when they are set."""
     if settings.redis_sentinels:
@@ -151,7 +112,7 @@ def check(settings: Settings, log_path: Path, *, redis_prefix: str | None = None
     # report was lost, one that should have been refused): every one is looked up
     txns = sorted({m["txn"] for m in log if m["txn"]}
                   | {json.loads(rec.value())["transaction_id"] for rec in output})
-    db = asyncio.run(_database(dsn, txns, sorted({m["key"] for m in log})))
+    db = asyncio.run(database_state(dsn, txns, sorted({m["key"] for m in log})))
     processed, ledger = {**(purged or {}), **db["processed"]}, db["ledger"]
     model = implied_by(log)
 

@@ -225,7 +225,7 @@ def test_negative_control_a_reversal_applied_twice_is_reported(env, spawn_worker
     hold = asyncio.run(_plant(env.dsn, _RELEASE_AGAIN))
     assert hold.startswith(f"CH-{run}-"), hold
     wrong = failed(check(settings_for(env), log, redis_prefix=f"CH-{run}-"))
-    assert any(v.startswith(f"{hold}: amount/remaining") for v in wrong[HOLDS]), wrong
+    assert any(v.startswith(f"{hold}: amount/incremented/remaining") for v in wrong[HOLDS]), wrong
     assert len(wrong[BALANCES]) == 1, wrong
 
 
