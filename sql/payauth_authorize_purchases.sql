@@ -62,10 +62,11 @@ DECLARE
     grants     numeric[] := '{}';  -- in the account's currency; NULL for a decline
     deltas     numeric[] := '{}';
     asked      text[] := '{}';     -- a ledger entry's request fingerprint, when needed
+    partials   boolean[] := '{}';  -- a partial approval (NULL otherwise)
     j          integer;
     n_claimed  bigint;
     n_ledger   bigint;
-    n_posted   bigint;
+    n_posted   bigint := 0;        -- messages that move a balance (a ledger entry each)
 BEGIN
     IF n = 0 THEN
         RETURN;
@@ -110,6 +111,9 @@ BEGIN
         asked[i] := CASE WHEN deltas[i] <> 0 AND (grants[i] <> p_amounts[i]
                                                   OR currencies[j] <> p_currencies[i])
                          THEN p_fingerprints[i] END;
+        partials[i] := CASE WHEN p_auth_types[i] IN ('PURCHASE', 'AUTHORIZATION')
+                                 AND grants[i] < amt THEN true END;
+        n_posted := n_posted + (deltas[i] <> 0)::integer;
     END LOOP;
 
     -- Claim the keys (the unique index serializes replicas: an INSERT of a key another open
@@ -162,25 +166,24 @@ BEGIN
     SELECT (SELECT count(*) FROM claimed), (SELECT count(*) FROM ledger)
       INTO n_claimed, n_ledger;
 
-    SELECT count(*) INTO n_posted FROM unnest(deltas) AS d WHERE d <> 0;
     IF n_claimed <> n OR n_ledger <> n_posted THEN
         RAISE EXCEPTION 'claimed % of % (ledger % of %): another replica decided first',
                         n_claimed, n, n_ledger, n_posted
               USING ERRCODE = 'PA409';
     END IF;
 
+    -- (What each row says was worked out in the loop: this statement, planned at every
+    -- call as each one here is, stays a projection of arrays.)
     RETURN QUERY
     SELECT u.r, u.w,
            CASE WHEN u.a <> u.amount OR u.acur <> u.cur THEN u.a::text END,
-           CASE WHEN u.kind IN ('PURCHASE', 'AUTHORIZATION') AND u.a IS NOT NULL
-                     AND u.a < payauth_account_amount(u.acur, u.cur, u.amount, u.bcur, u.bamt)
-                THEN true END,
+           u.p,
            CASE WHEN u.kind = 'BALANCE_INQUIRY' AND u.r = 'APPROVED' THEN u.lb::text END,
            CASE WHEN u.kind = 'BALANCE_INQUIRY' AND u.r = 'APPROVED' THEN u.ab::text END,
            u.acur
       FROM unnest(results, reasons, grants, p_amounts, seen_cur, p_currencies, p_auth_types,
-                  seen_ledger, seen_bal, p_billing_currencies, p_billing_amounts)
-           WITH ORDINALITY AS u(r, w, a, amount, acur, cur, kind, lb, ab, bcur, bamt, k)
+                  seen_ledger, seen_bal, partials)
+           WITH ORDINALITY AS u(r, w, a, amount, acur, cur, kind, lb, ab, p, k)
      ORDER BY u.k;
 END
 $$;
