@@ -94,7 +94,8 @@ UPDATE durability_barrier SET touched_at = now() WHERE slot = pg_backend_pid() %
 # what it applied from a hold; an orphan changed nothing when it came, whatever its
 # original's arrival wrote under its id since; a hold placed counts whole) and the orphan
 # reversals its arrival applied, in the order they were applied. A purchase's or refund's
-# deltas follow from its kind and amount (NULL here: service/domain/events.py).
+# deltas follow from its kind and amount (NULL here: service/domain/events.py). The deltas
+# are expressions of the row, not a lateral join: the statement is planned at every batch.
 _LOAD_STORED = f"""
 SELECT p.txn_id, p.fingerprint, p.result, p.decline_reason, p.account_id,
        p.amount::text AS amount_text, p.currency, p.authorization_type, p.correlation_id,
@@ -103,8 +104,29 @@ SELECT p.txn_id, p.fingerprint, p.result, p.decline_reason, p.account_id,
            OR EXISTS (SELECT 1 FROM published_batches b WHERE b.batch_id = p.batch_id)
            AS published,
        false AS from_ledger, p.original_txn_id, p.amount_applied::text AS applied_text,
-       p.forced, p.orphan, d.balance_delta, d.held_delta, o.applied_ids, o.applied_amounts,
-       o.applied_correlations, p.input_currency::text AS account_currency,
+       p.forced, p.orphan,
+       CASE WHEN p.authorization_type NOT IN ('PURCHASE', 'REFUND', 'VERIFICATION',
+                                               'BALANCE_INQUIRY') THEN
+           (CASE WHEN p.result <> 'APPROVED' THEN 0
+                 WHEN p.authorization_type = 'CLEARING'
+                     THEN -coalesce(p.amount_approved, p.amount)
+                 WHEN p.authorization_type = 'REVERSAL' AND NOT coalesce(p.orphan, false)
+                     THEN coalesce((SELECT l.amount FROM ledger_entries l
+                                     WHERE l.txn_id = p.txn_id), 0)
+                 ELSE 0 END)::text END AS balance_delta,
+       CASE WHEN p.authorization_type NOT IN ('PURCHASE', 'REFUND', 'VERIFICATION',
+                                               'BALANCE_INQUIRY') THEN
+           (CASE WHEN p.result <> 'APPROVED' THEN 0
+                 WHEN p.authorization_type IN ('AUTHORIZATION', 'ADVICE')
+                     THEN coalesce(p.amount_approved, p.amount) - coalesce(p.already_cleared, 0)
+                 WHEN p.authorization_type = 'INCREMENTAL' THEN coalesce(p.amount_approved, 0)
+                 WHEN p.authorization_type = 'CLEARING' THEN -coalesce(p.amount_applied, 0)
+                 WHEN p.authorization_type = 'REVERSAL'
+                      AND NOT EXISTS (SELECT 1 FROM ledger_entries l WHERE l.txn_id = p.txn_id)
+                     THEN -coalesce(p.amount_applied, 0)
+                 ELSE 0 END)::text END AS held_delta,
+       o.applied_ids, o.applied_amounts, o.applied_correlations,
+       p.input_currency::text AS account_currency,
        p.amount_approved::text AS approved_text,
        p.amount_approved < payauth_account_amount(p.input_currency::text, p.currency::text,
                                                   p.amount, p.billing_currency::text,
@@ -114,28 +136,6 @@ SELECT p.txn_id, p.fingerprint, p.result, p.decline_reason, p.account_id,
        CASE WHEN p.ledger_balance IS NOT NULL THEN p.input_balance::text END AS available_text,
        p.already_cleared::text AS cleared_text, NULL AS request_fingerprint
   FROM processed_transactions p
-  LEFT JOIN LATERAL (
-       SELECT (CASE WHEN p.result <> 'APPROVED' THEN 0
-                    WHEN p.authorization_type = 'CLEARING'
-                        THEN -coalesce(p.amount_approved, p.amount)
-                    WHEN p.authorization_type = 'REVERSAL' AND NOT coalesce(p.orphan, false)
-                        THEN coalesce((SELECT l.amount FROM ledger_entries l
-                                        WHERE l.txn_id = p.txn_id), 0)
-                    ELSE 0 END)::text AS balance_delta,
-              (CASE WHEN p.result <> 'APPROVED' THEN 0
-                    WHEN p.authorization_type IN ('AUTHORIZATION', 'ADVICE')
-                        THEN coalesce(p.amount_approved, p.amount)
-                             - coalesce(p.already_cleared, 0)
-                    WHEN p.authorization_type = 'INCREMENTAL'
-                        THEN coalesce(p.amount_approved, 0)
-                    WHEN p.authorization_type = 'CLEARING' THEN -coalesce(p.amount_applied, 0)
-                    WHEN p.authorization_type = 'REVERSAL'
-                         AND NOT EXISTS (SELECT 1 FROM ledger_entries l
-                                          WHERE l.txn_id = p.txn_id)
-                        THEN -coalesce(p.amount_applied, 0)
-                    ELSE 0 END)::text AS held_delta
-        WHERE p.authorization_type NOT IN ('PURCHASE', 'REFUND', 'VERIFICATION',
-                                           'BALANCE_INQUIRY')) d ON true
   LEFT JOIN LATERAL (
        SELECT array_agg(r.txn_id ORDER BY r.arrived_at, r.txn_id) AS applied_ids,
               array_agg(r.applied::text ORDER BY r.arrived_at, r.txn_id) AS applied_amounts,
