@@ -29,7 +29,8 @@ Each fault ends with the engine whole again (replicas in sync, Kafka's leadershi
 preferred replicas), so the next finds a healthy cluster. The workers' delivery timeout is
 5 s, so that refused writes outlast it. The table adds each fault kind's gap (see gaps.py),
 the workers' batch retries by cause, and the failovers a watcher saw, with those no fault
-explains (see failovers.py).
+explains (see failovers.py). Then, as in ``make chaos``, ``payauth replay --shadow
+--to-earliest`` must change nothing; ``payauth purge`` is not among these faults.
 
 ``HA_CHAOS_CONTROL=async`` is the negative control: the workers commit with
 ``synchronous_commit=local``, the primary's WAL senders are stopped during a burst, and the
@@ -61,6 +62,7 @@ from service.devtools.chaos import ha_stack as ha
 from service.devtools.chaos.gaps import Gap
 from service.devtools.chaos.generator import seed_accounts
 from service.devtools.chaos.proxy import TcpProxy
+from service.devtools.chaos.purges import Purges
 from service.devtools.chaos.run import PARTITIONS, Chaos, Supervisor, log
 from service.devtools.processes import ROOT
 
@@ -116,6 +118,10 @@ class HaChaos(Chaos):
             "PAYAUTH_MAX_POLL_INTERVAL_MS": str(GROUP_SESSION_MS),
         })
         self.supervisor = Supervisor(env, self.out / "workers")
+        # No purge among this run's faults (the failovers are its subject): the purges'
+        # snapshot stays empty, and the shadow replay at the end reads the database directly.
+        self.purges = Purges(self.dsn, {**env, "PAYAUTH_DATABASE_URL": self.dsn},
+                             self.retention_seconds, self.out / "purges")
         self.started = time.time()
         self.watcher = self.leader_watcher()
         self.watcher.start()
