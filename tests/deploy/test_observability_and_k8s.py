@@ -193,3 +193,34 @@ def test_healthz_fails_when_the_poll_loop_or_the_event_loop_is_stuck(monkeypatch
     clock[0] += health_module.STALE_AFTER_SECONDS + 1
     health.consumer_heartbeat()
     assert health.live() == (False, "event loop stuck")
+
+
+def _pod_specs() -> dict[str, dict]:  # type: ignore[type-arg]
+    docs = k8s_docs()
+    return {
+        "StatefulSet": docs["StatefulSet"]["spec"]["template"]["spec"],
+        "Job": docs["Job"]["spec"]["template"]["spec"],
+        "CronJob": docs["CronJob"]["spec"]["jobTemplate"]["spec"]["template"]["spec"],
+    }
+
+
+def test_every_pod_meets_pod_security_restricted() -> None:
+    """What Kubernetes' Pod Security admission requires of a pod in a namespace labelled
+    ``pod-security.kubernetes.io/enforce: restricted`` (a bank's namespaces are): a pod of the
+    migrate Job or the expiry CronJob without it is refused when the Job creates it."""
+    refused = []
+    for kind, pod in _pod_specs().items():
+        pod_context = pod.get("securityContext", {})
+        for container in pod["containers"] + pod.get("initContainers", []):
+            context = {**pod_context, **container.get("securityContext", {})}
+            where = f"{kind}/{container['name']}"
+            if context.get("runAsNonRoot") is not True:
+                refused.append(f"{where}: runAsNonRoot")
+            if context.get("seccompProfile", {}).get("type") not in ("RuntimeDefault",
+                                                                     "Localhost"):
+                refused.append(f"{where}: seccompProfile")
+            if context.get("allowPrivilegeEscalation") is not False:
+                refused.append(f"{where}: allowPrivilegeEscalation")
+            if "ALL" not in context.get("capabilities", {}).get("drop", []):
+                refused.append(f"{where}: capabilities.drop ALL")
+    assert refused == []
