@@ -1,8 +1,9 @@
 """``payauth_authorize`` (sql/payauth_authorize.sql) against a batch deciding at the same
 moment on another connection: an orphan reversal kept by one batch and its purchase decided
 by another, interleaved exactly as a review found them losing the reversal's credit (the
-purchase's batch reading the waiting orphans before it locked the account), and the same
-race many times over through two stores, as two workers' batches meet."""
+purchase's batch reading the waiting orphans before it locked the account); a clearing kept
+before its hold and the hold decided by another batch, at the same point; and the first race
+many times over through two stores, as two workers' batches meet."""
 
 from __future__ import annotations
 
@@ -54,6 +55,38 @@ async def _waiting_for_a_lock(dsn: str, application_name: str) -> bool:
         await conn.close()
 
 
+def _decided_while_the_other_waits(env: stack.Env, held: Authorization,
+                                   waiting: Authorization) -> tuple[Any, Any]:
+    """``held`` decided by a batch that keeps its transaction open (its account locked);
+    then ``waiting`` decided by another batch, which must wait for that account; then the
+    first commits. Both batches' rows."""
+
+    async def scenario() -> tuple[Any, Any]:
+        holding = await HeldOpenStore.connect(env.dsn)
+        other = await PostgresStore.connect(env.dsn)
+        try:
+            first = asyncio.create_task(holding.authorize(
+                [held], source_topic="t", source_partitions=[1], source_offsets=[0]))
+            await asyncio.wait_for(holding.decided.wait(), 10)
+            second = asyncio.create_task(other.authorize(
+                [waiting], source_topic="t", source_partitions=[2], source_offsets=[0]))
+            for _ in range(200):  # until the second batch waits for the account's lock
+                if await _waiting_for_a_lock(env.dsn, "payauth-worker"):
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError("the second batch never waited for the account")
+            holding.release.set()
+            [a] = await first
+            [b] = await second
+            return a, b
+        finally:
+            await holding.close()
+            await other.close()
+
+    return asyncio.run(scenario())
+
+
 def test_an_orphan_kept_while_its_purchase_is_decided_elsewhere_is_applied(
         env: stack.Env) -> None:
     """1. A batch holds the reversal R1 of X1, not known yet: kept as a waiting orphan, the
@@ -61,38 +94,40 @@ def test_an_orphan_kept_while_its_purchase_is_decided_elsewhere_is_applied(
     3. R1 commits; X1 must be debited and credited back: 100.00, R1 applied."""
     account = f"RACE-{uuid.uuid4().hex[:6]}"
     asyncio.run(stack.seed_accounts(env.dsn, [(account, "100.00", "EUR")]))
-
-    async def scenario() -> None:
-        holding = await HeldOpenStore.connect(env.dsn)
-        waiting = await PostgresStore.connect(env.dsn)
-        try:
-            reversal = asyncio.create_task(holding.authorize(
-                [_auth("R1", account, "10.00", "REVERSAL", "X1")], source_topic="t",
-                source_partitions=[1], source_offsets=[0]))
-            await asyncio.wait_for(holding.decided.wait(), 10)
-            purchase = asyncio.create_task(waiting.authorize(
-                [_auth("X1", account, "10.00", "PURCHASE")], source_topic="t",
-                source_partitions=[2], source_offsets=[0]))
-            for _ in range(200):  # until the purchase's batch waits for the account's lock
-                if await _waiting_for_a_lock(env.dsn, "payauth-worker"):
-                    break
-                await asyncio.sleep(0.05)
-            else:
-                raise AssertionError("the purchase's batch never waited for the account")
-            holding.release.set()
-            [orphan] = await reversal
-            [decided] = await purchase
-            assert orphan.orphan and decided.result == "APPROVED"
-        finally:
-            await holding.close()
-            await waiting.close()
-
-    asyncio.run(scenario())
+    orphan, decided = _decided_while_the_other_waits(
+        env, _auth("R1", account, "10.00", "REVERSAL", "X1"),
+        _auth("X1", account, "10.00", "PURCHASE"))
+    assert orphan.orphan and decided.result == "APPROVED"
     [row] = stack.fetch(env.dsn, "SELECT balance FROM accounts WHERE account_id = $1", account)
     [orphan] = stack.fetch(env.dsn, "SELECT state, applied FROM orphan_reversals "
                                     "WHERE txn_id = 'R1'")
     assert (orphan["state"], orphan["applied"]) == ("APPLIED", Decimal("10.00"))
     assert row["balance"] == Decimal("100.00")
+
+
+def test_a_clearing_kept_while_its_hold_is_decided_elsewhere_is_netted(
+        env: stack.Env) -> None:
+    """The same race for a clearing before its hold: 1. a batch holds the final clearing C1
+    of H1, not known yet: posted, kept as an early clearing, the account locked, not
+    committed. 2. Another batch holds the authorization H1 and waits for the account.
+    3. C1 commits; H1 must find it: the hold placed net of it (nothing held, CLEARED by C1),
+    not 30.00 held a second time for a purchase already posted."""
+    account = f"RACE-{uuid.uuid4().hex[:6]}"
+    asyncio.run(stack.seed_accounts(env.dsn, [(account, "100.00", "EUR")]))
+    clearing, hold = _decided_while_the_other_waits(
+        env, _auth(f"C1-{account}", account, "30.00", "CLEARING", f"H1-{account}"),
+        _auth(f"H1-{account}", account, "30.00", "AUTHORIZATION"))
+    assert clearing.forced and hold.result == "APPROVED"
+    [row] = stack.fetch(env.dsn, "SELECT balance, held FROM accounts WHERE account_id = $1",
+                        account)
+    [placed] = stack.fetch(env.dsn, "SELECT state, remaining, ended_by FROM holds "
+                                    "WHERE txn_id = $1", f"H1-{account}")
+    [early] = stack.fetch(env.dsn, "SELECT state FROM early_clearings WHERE txn_id = $1",
+                          f"C1-{account}")
+    assert (row["balance"], row["held"]) == (Decimal("70.00"), Decimal("0.00"))
+    assert (placed["state"], placed["remaining"], placed["ended_by"]) == \
+        ("CLEARED", Decimal("0"), f"C1-{account}")
+    assert early["state"] == "APPLIED"
 
 
 def test_orphans_and_their_purchases_decided_at_once_by_two_stores(env: stack.Env) -> None:
