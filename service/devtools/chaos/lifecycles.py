@@ -123,13 +123,21 @@ class Scripts:
         amount = _cents(self._rng, Decimal(10), Decimal(500))
         return txn, amount, _message(txn, account, amount, kind)
 
-    def _reversal(self, account: str, original: str, amount: Decimal) -> dict[str, Any]:
-        return _message(self._txn_id(), account, amount, "REVERSAL", original)
+    def _reversal(self, account: str, original: str, amount: Decimal, **fields: Any
+                  ) -> dict[str, Any]:
+        return _message(self._txn_id(), account, amount, "REVERSAL", original, **fields)
 
     def _clearing(self, account: str, original: str | None, amount: Decimal, *,
-                  with_original: bool = True) -> dict[str, Any]:
+                  with_original: bool = True, **fields: Any) -> dict[str, Any]:
         return _message(self._txn_id(), account, amount, "CLEARING", original,
-                        with_original=with_original)
+                        with_original=with_original, **fields)
+
+    def _increment(self, account: str, original: str, amount: Decimal) -> dict[str, Any]:
+        return _message(self._txn_id(), account, amount, "INCREMENTAL", original)
+
+    def _partial_reversal(self, account: str, original: str, up_to: Decimal) -> Step:
+        return ("lc_reversal_partial", account,
+                self._reversal(account, original, _cents(self._rng, CENT, up_to)), "approved")
 
     def _hold_reversed_in_part_then_cleared(self, rich: str, _: str) -> Sequence[Step]:
         txn, amount, auth = self._hold(rich)
@@ -181,9 +189,7 @@ class Scripts:
         if self._rng.random() < 0.5:
             steps.append(("lc_clearing", rich, self._clearing(rich, txn, amount), "approved"))
         else:
-            steps.append(("lc_reversal_partial", rich,
-                          self._reversal(rich, txn, _cents(self._rng, CENT, amount)),
-                          "approved"))
+            steps.append(self._partial_reversal(rich, txn, amount))
         return steps
 
     def _orphan_reversal_of_a_hold(self, rich: str, _: str) -> Sequence[Step]:
@@ -231,7 +237,7 @@ class Scripts:
         steps: list[Step] = [("lc_advice_past_available", empty, advice, "approved")]
         if self._rng.random() < 0.4:  # more on a hold the account cannot fund: declined
             steps.append(("lc_increment_no_funds", empty,
-                          _message(self._txn_id(), empty, amount, "INCREMENTAL", txn),
+                          self._increment(empty, txn, amount),
                           "declined"))
         if self._rng.random() < 0.5:  # the ledger balance below zero: only a clearing
             steps.append(("lc_clearing", empty, self._clearing(empty, txn, amount),
@@ -257,7 +263,7 @@ class Scripts:
             more = _cents(self._rng, Decimal(1), Decimal(200))
             total += more
             steps.append(("lc_increment", rich,
-                          _message(self._txn_id(), rich, more, "INCREMENTAL", txn), "approved"))
+                          self._increment(rich, txn, more), "approved"))
         roll = self._rng.random()
         if roll < 0.6:  # checked out: cleared at about what was held
             factor = Decimal(self._rng.choice(["0.9", "1", "1.05"]))
@@ -265,9 +271,7 @@ class Scripts:
                           self._clearing(rich, txn, max(CENT, (total * factor).quantize(CENT))),
                           "approved"))
         elif roll < 0.8:
-            steps.append(("lc_reversal_partial", rich,
-                          self._reversal(rich, txn, _cents(self._rng, CENT, total)),
-                          "approved"))
+            steps.append(self._partial_reversal(rich, txn, total))
         return steps
 
     def _split_shipment(self, rich: str, _: str) -> Sequence[Step]:
@@ -279,11 +283,11 @@ class Scripts:
             parcel = _cents(self._rng, CENT, left / 2)
             left -= parcel
             steps.append(("lc_clearing_partial", rich,
-                          _message(self._txn_id(), rich, parcel, "CLEARING", txn, final=False),
+                          self._clearing(rich, txn, parcel, final=False),
                           "approved"))
         if self._rng.random() < 0.8:
             steps.append(("lc_clearing", rich,
-                          _message(self._txn_id(), rich, left, "CLEARING", txn, final=True),
+                          self._clearing(rich, txn, left, final=True),
                           "approved"))
         return steps
 
@@ -301,12 +305,12 @@ class Scripts:
         if self._rng.random() < 0.3:
             part = _cents(self._rng, CENT, euros / 2)
             steps.append(("lc_reversal_abroad", rich,
-                          _message(self._txn_id(), rich, (part * 160).quantize(Decimal(1)),
-                                   "REVERSAL", txn, **_abroad(part)), "approved"))
+                          self._reversal(rich, txn, (part * 160).quantize(Decimal(1)),
+                                        **_abroad(part)), "approved"))
         rate = Decimal(self._rng.choice(["1", "1.02", "0.97"]))  # the rate moved by clearing
         cleared = (euros * rate).quantize(CENT)
         steps.append(("lc_clearing_abroad", rich,
-                      _message(self._txn_id(), rich, yen, "CLEARING", txn, **_abroad(cleared)),
+                      self._clearing(rich, txn, yen, **_abroad(cleared)),
                       "approved"))
         return steps
 
@@ -318,7 +322,7 @@ class Scripts:
         cleared = amount if final else _cents(self._rng, CENT, amount)
         kind = str(hold["body"]["authorization_type"]).lower()
         return [("lc_clearing_early", rich,
-                 _message(self._txn_id(), rich, cleared, "CLEARING", txn, final=final),
+                 self._clearing(rich, txn, cleared, final=final),
                  "approved"),
                 (f"lc_{kind}_after_clearing", rich, hold, "approved")]
 
@@ -326,7 +330,7 @@ class Scripts:
         txn, amount, auth = self._hold(empty)
         return [("lc_authorization_declined", empty, auth, "declined"),
                 ("lc_increment_not_active", empty,
-                 _message(self._txn_id(), empty, amount, "INCREMENTAL", txn), "declined")]
+                 self._increment(empty, txn, amount), "declined")]
 
     def _partial_approval(self, rich: str, empty: str) -> Sequence[Step]:
         """A purchase or hold for more than an account of its own holds: approved for its
