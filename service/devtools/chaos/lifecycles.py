@@ -185,7 +185,7 @@ class Scripts:
 
     def _advice(self, rich: str, _: str) -> Sequence[Step]:
         txn, amount, advice = self._hold(rich, "ADVICE")
-        steps = [("lc_advice", rich, advice, "approved")]
+        steps: list[Step] = [("lc_advice", rich, advice, "approved")]
         if self._rng.random() < 0.5:
             steps.append(("lc_clearing", rich, self._clearing(rich, txn, amount), "approved"))
         else:
