@@ -147,15 +147,8 @@ class Bench:
 
     async def prepare_db(self) -> None:
         await scratch.create_database(self.dsn, self.database)
-        conn = await asyncpg.connect(self.dsn)
-        try:
-            await conn.copy_records_to_table(
-                "accounts", columns=["account_id", "balance", "opening_balance", "currency"],
-                records=[(account_id(i), Decimal("1000000000"), Decimal("1000000000"), "EUR")
-                         for i in range(ACCOUNTS)])
-            await conn.execute("ANALYZE")
-        finally:
-            await conn.close()
+        await self.seed([(account_id(i), Decimal("1000000000")) for i in range(ACCOUNTS)],
+                        analyze=True)
 
     def messages(self, n: int, *, hot: bool = False, tag: str = "N") -> list[tuple[str, bytes]]:
         out = []
@@ -396,12 +389,16 @@ class Bench:
             f"{self.results['lifecycle_holds']}, of an issuer's day "
             f"{self.results['lifecycle_day']}")
 
-    async def seed(self, accounts: list[tuple[str, Decimal]]) -> None:
+    async def seed(self, accounts: list[tuple[str, Decimal]], *, analyze: bool = False
+                   ) -> None:
+        """Euro accounts with these balances (their opening balances too)."""
         conn = await asyncpg.connect(self.dsn)
         try:
             await conn.copy_records_to_table(
                 "accounts", columns=["account_id", "balance", "opening_balance", "currency"],
                 records=[(a, balance, balance, "EUR") for a, balance in accounts])
+            if analyze:
+                await conn.execute("ANALYZE")
         finally:
             await conn.close()
 

@@ -62,7 +62,6 @@ from service.devtools.chaos import ha_stack as ha
 from service.devtools.chaos.gaps import Gap
 from service.devtools.chaos.generator import seed_accounts
 from service.devtools.chaos.proxy import TcpProxy
-from service.devtools.chaos.purges import Purges
 from service.devtools.chaos.run import PARTITIONS, Chaos, Supervisor, log
 from service.devtools.processes import ROOT
 
@@ -120,8 +119,7 @@ class HaChaos(Chaos):
         self.supervisor = Supervisor(env, self.out / "workers")
         # No purge among this run's faults (the failovers are its subject): the purges'
         # snapshot stays empty, and the shadow replay at the end reads the database directly.
-        self.purges = Purges(self.dsn, {**env, "PAYAUTH_DATABASE_URL": self.dsn},
-                             self.retention_seconds, self.out / "purges")
+        self.purges = self.purges_with(env)
         self.started = time.time()
         self.watcher = self.leader_watcher()
         self.watcher.start()

@@ -249,8 +249,13 @@ class Chaos:
             "PAYAUTH_REDIS_URL": f"redis://127.0.0.1:{self.redis.port}/0",
         })
         self.supervisor = Supervisor(env, self.out / "workers")
-        self.purges = Purges(self.dsn, {**env, "PAYAUTH_DATABASE_URL": self.dsn},
-                             self.retention_seconds, self.out / "purges")
+        self.purges = self.purges_with(env)
+
+    def purges_with(self, env: dict[str, str]) -> Purges:
+        """``payauth purge`` with the workers' settings ``env``, the database reached
+        directly (not through the run's proxy)."""
+        return Purges(self.dsn, {**env, "PAYAUTH_DATABASE_URL": self.dsn},
+                      self.retention_seconds, self.out / "purges")
 
     def worker_env(self, where: dict[str, str]) -> dict[str, str]:
         """The workers' environment: ``where`` the services are, this run's names, and
