@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed
 .PHONY: help venv stack-up stack-down stack-status test-tools migrate run demo test test-unit \
         test-deploy test-integration test-e2e check lint types bench chaos lock clean \
         ha-up ha-down ha-status ha-chaos ha-smoke image test-containers \
-        secure-up secure-down secure-status secure-smoke
+        secure-up secure-down secure-status secure-smoke k8s-api k8s-api-down
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -68,6 +68,12 @@ secure-status: ## which secured stack services answer
 secure-smoke: secure-up ## the tier on the secured stack: refusals, least privilege, no secret in any log
 	@PAYAUTH_SECURE_SMOKE=1 $(PY) -m pytest -q tests/secure
 
+k8s-api: ## a real Kubernetes API server on 127.0.0.1 for the deploy tests (built once); writes .stack/k8s/kubeconfig
+	@deploy/local/k8s-api.sh up
+
+k8s-api-down: ## stop the API server and drop what it stored
+	@deploy/local/k8s-api.sh down
+
 migrate: venv ## apply the database migrations
 	@$(PAYAUTH) migrate
 
@@ -77,15 +83,15 @@ run: venv ## one worker in the foreground (configure with PAYAUTH_* variables)
 demo: stack-up migrate ## the main job end to end: two workers, duplicates, DLQ, summary, verify
 	@PAYAUTH_LOG_LEVEL=WARNING $(PY) -m service.devtools demo
 
-test: stack-up test-tools ## every test tier (unit, deploy, integration, e2e, a short chaos run, containers)
-	@$(PY) -m pytest -q tests/unit tests/deploy tests/integration tests/e2e tests/chaos
+test: stack-up test-tools k8s-api ## every test tier (unit, deploy, integration, e2e, a short chaos run, containers)
+	@PAYAUTH_K8S_API=required $(PY) -m pytest -q tests/unit tests/deploy tests/integration tests/e2e tests/chaos
 	@$(MAKE) --no-print-directory test-containers
 
 test-unit: venv ## unit tests only: pure logic, no I/O, no services, no tools
 	@$(PY) -m pytest -q tests/unit
 
-test-deploy: venv test-tools ## the deployment artifacts: alert rules (promtool), k8s, compose, image
-	@$(PY) -m pytest -q tests/deploy
+test-deploy: venv test-tools k8s-api ## the deployment artifacts: alert rules (promtool), k8s (on a real API server), compose, image
+	@PAYAUTH_K8S_API=required $(PY) -m pytest -q tests/deploy
 
 test-integration: stack-up ## integration tests (real Kafka, PostgreSQL, Redis)
 	@$(PY) -m pytest -q tests/integration

@@ -1,12 +1,12 @@
 """deploy/k8s/overlays/ha: the worker with CloudNativePG, Strimzi and Redis Sentinel
-(OT-CONTAINER-KIT redis-operator). No cluster here to apply them to: the manifests are read, held
-to each other (the names and ports the operators give their Services are the ones the
-worker's settings name) and to the service's own settings and durability rules."""
+(OT-CONTAINER-KIT redis-operator). The manifests are read, held to each other (the names and
+ports the operators give their Services are the ones the worker's settings name) and to the
+service's own settings and durability rules; test_k8s_api_server.py applies them to a real
+API server."""
 
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from service.config import Settings
+from tests.support.k8s_api import kubectl_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy/k8s"
@@ -201,11 +202,11 @@ def test_the_worker_trusts_the_kafka_cluster_ca_where_its_settings_look() -> Non
     assert ca.name in {item["path"] for item in volume["secret"]["items"]}
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")
+@pytest.mark.skipif(kubectl_binary() is None, reason="no kubectl (make k8s-api builds one)")
 def test_kustomize_builds_both_the_base_and_the_overlay() -> None:
     for target in (K8S, HA):
-        built = subprocess.run(["kubectl", "kustomize", str(target)], capture_output=True,
-                               text=True, timeout=60)
+        built = subprocess.run([str(kubectl_binary()), "kustomize", str(target)],
+                               capture_output=True, text=True, timeout=60)
         assert built.returncode == 0, built.stderr
         kinds = [d["kind"] for d in yaml.safe_load_all(built.stdout) if d]
         assert "StatefulSet" in kinds

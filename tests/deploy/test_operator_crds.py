@@ -1,4 +1,5 @@
-"""The HA overlay's operator resources against their operators' published CRDs
+"""The manifests' operator resources (the HA overlay's engines, the base's PodMonitor and
+PrometheusRule) against their operators' published CRDs
 (tests/deploy/crds; SOURCES.md there names each release and its sha256). An apiVersion no CRD
 serves is refused by the API server at `kubectl apply`; a field its schema does not know is
 dropped (or refused, with strict field validation) and the operator never sees it. Both are
@@ -21,6 +22,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
+BASE = ROOT / "deploy/k8s/base"
 HA = ROOT / "deploy/k8s/overlays/ha"
 CRDS = Path(__file__).parent / "crds"
 # The groups Kubernetes serves itself: everything else needs a CRD here.
@@ -39,11 +41,13 @@ def _crds() -> dict[tuple[str, str], dict[str, Any]]:
 
 
 def _resources() -> list[dict[str, Any]]:
-    kustomization = yaml.safe_load((HA / "kustomization.yaml").read_text())
+    """The resources the base and the overlay list as their own (not their patches)."""
     docs: list[dict[str, Any]] = []
-    for name in kustomization["resources"]:
-        if not name.startswith(".."):
-            docs += [d for d in yaml.safe_load_all((HA / name).read_text()) if d]
+    for directory in (BASE, HA):
+        kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
+        for name in kustomization["resources"]:
+            if not name.startswith(".."):
+                docs += [d for d in yaml.safe_load_all((directory / name).read_text()) if d]
     return docs
 
 
@@ -106,7 +110,8 @@ def _one(kind: str) -> dict[str, Any]:
 def test_every_operator_resource_has_its_crd_here() -> None:
     kinds = sorted(r["kind"] for r in _operator_resources())
     assert kinds == ["Cluster", "Kafka", "KafkaNodePool", "KafkaTopic", "KafkaTopic",
-                     "KafkaTopic", "KafkaUser", "RedisReplication", "RedisSentinel"]
+                     "KafkaTopic", "KafkaUser", "PodMonitor", "PrometheusRule",
+                     "RedisReplication", "RedisSentinel"]
     assert {(_group(r), r["kind"]) for r in _operator_resources()} == set(_crds())
 
 

@@ -1,10 +1,11 @@
 """Vendors the operators' published CRDs that tests/deploy/test_operator_crds.py checks the HA
-overlay's resources against, from versioned registry artifacts, hash-checked.
+overlay's resources against (and that the deploy tests install into a real API server before
+applying both kustomizations), from versioned registry artifacts, hash-checked.
 
     python tests/deploy/crds/vendor.py     # from the repository root; needs go, mvn, java >= 21
 
-- CloudNativePG and OT-CONTAINER-KIT's redis-operator: the CRD files of the release's Go module
-  (`config/crd/bases/*.yaml`), from the Go module proxy (`go mod download`).
+- CloudNativePG, OT-CONTAINER-KIT's redis-operator and the Prometheus Operator: the CRD files
+  of the release's Go module, from the Go module proxy (`go mod download`).
 - Strimzi publishes its CRD files with its GitHub release, not to a registry. Its build makes them
   with its own generator (io.strimzi:crd-generator) from its API classes (io.strimzi:api), with
   the arguments the release's api POM names; both artifacts are on Maven Central, so the same
@@ -41,6 +42,11 @@ GO_MODULES = [
      "df60dafe542eed8603c3672991f305da3e8b316d3bba0b16fe3d2e77dfe07aa9",
      ["config/crd/bases/redis.redis.opstreelabs.in_redisreplications.yaml",
       "config/crd/bases/redis.redis.opstreelabs.in_redissentinels.yaml"]),
+    # the base's PodMonitor and PrometheusRule: the Prometheus Operator's own CRD files
+    ("github.com/prometheus-operator/prometheus-operator", "v0.85.0",
+     "0bdb88ed823d0f2e86cf909638439b6ad1da744a228172c7411d9987527dc5d1",
+     ["example/prometheus-operator-crd/monitoring.coreos.com_podmonitors.yaml",
+      "example/prometheus-operator-crd/monitoring.coreos.com_prometheusrules.yaml"]),
 ]
 
 STRIMZI = "1.2.0"
