@@ -156,6 +156,15 @@ CHECKS = (
         "at most one ledger entry per transaction",
         "SELECT txn_id FROM ledger_entries GROUP BY txn_id HAVING count(*) > 1",
     ),
+    # (No foreign key says it since migration 015: the writers and a trigger on accounts do.)
+    Check(
+        "every ledger entry and hold names an account",
+        """SELECT 'ledger entry ' || l.txn_id || ' of ' || l.account_id FROM ledger_entries l
+            WHERE NOT EXISTS (SELECT 1 FROM accounts a WHERE a.account_id = l.account_id)
+           UNION ALL
+           SELECT 'hold ' || h.txn_id || ' of ' || h.account_id FROM holds h
+            WHERE NOT EXISTS (SELECT 1 FROM accounts a WHERE a.account_id = h.account_id)""",
+    ),
     Check(
         "balance = opening balance + ledger, per account",
         """SELECT a.account_id || ': balance ' || a.balance || ' <> opening '

@@ -47,3 +47,20 @@ def test_verify_names_a_reversal_left_waiting_for_an_original_decided_on_its_acc
     assert len(failed) == 1, broken.stdout
     assert "no reversal waits although its original has been decided" in failed[0]
     assert "R1 waits for X1" in failed[0]
+
+
+def test_verify_names_a_ledger_entry_and_a_hold_of_no_account(env: stack.Env) -> None:
+    """No foreign key refuses them (migration 015): the writers never write them, and verify
+    names one if anything else did."""
+    stack.fetch(env.dsn, """
+        WITH l AS (INSERT INTO ledger_entries (txn_id, account_id, amount, currency, type,
+                                               created_at)
+                   VALUES ('P1', 'NO-SUCH', 10, 'EUR', 'REFUND', now()) RETURNING 1)
+        INSERT INTO holds (txn_id, account_id, currency, kind, amount, remaining, state)
+        VALUES ('A1', 'NO-SUCH', 'EUR', 'AUTHORIZATION', 5, 5, 'ACTIVE')""")
+    broken = payauth(env, "verify")
+    assert broken.returncode == 1
+    failed = [line for line in broken.stdout.splitlines() if line.startswith("FAIL")]
+    assert len(failed) == 1, broken.stdout
+    assert "every ledger entry and hold names an account" in failed[0]
+    assert "ledger entry P1 of NO-SUCH" in failed[0] and "hold A1 of NO-SUCH" in failed[0]
