@@ -105,10 +105,12 @@ def test_duplicate_sightings_speak_the_vocabulary() -> None:
 
 def test_the_definitions_speak_only_the_vocabulary() -> None:
     """Every upper-case literal of every function and view in ``sql/`` is a word of the
-    vocabulary (or the lost claim's SQLSTATE)."""
+    vocabulary (or the lost claim's SQLSTATE, or PostgreSQL's name of what fired a trigger,
+    TG_OP)."""
     words = (values(v.Result) | values(v.DeclineReason) | values(v.AccountStatus)
              | values(v.AuthorizationType) | values(v.HoldState) | values(v.OrphanState)
              | {v.PARTIAL})
+    postgres_own = {"PA409", "INSERT", "UPDATE", "DELETE", "TRUNCATE"}
     for path in sorted(DEFINITIONS.glob("*.sql")):
         literals = set(re.findall(r"'([A-Z][A-Z0-9_]*)'", sql(path.name, DEFINITIONS)))
-        assert literals - {"PA409"} <= words, (path.name, literals - words)
+        assert literals - postgres_own <= words, (path.name, literals - words)
