@@ -12,27 +12,15 @@
 ALTER TABLE ledger_entries DROP CONSTRAINT ledger_entries_account_id_fkey;
 ALTER TABLE holds DROP CONSTRAINT holds_account_id_fkey;
 
--- Its current definition is sql/payauth_account_keeps_history.sql (applied after this).
+-- The triggers need their function to exist: a stand-in that refuses, replaced by its one
+-- definition, sql/payauth_account_keeps_history.sql, which `payauth migrate` applies right
+-- after the migrations (until then an account cannot be deleted at all: it fails closed).
 CREATE OR REPLACE FUNCTION payauth_account_keeps_history() RETURNS trigger
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    IF TG_OP = 'TRUNCATE' THEN
-        IF EXISTS (SELECT 1 FROM ledger_entries) OR EXISTS (SELECT 1 FROM holds) THEN
-            RAISE EXCEPTION 'accounts cannot be truncated while ledger entries or holds '
-                            'name them' USING ERRCODE = 'foreign_key_violation';
-        END IF;
-        RETURN NULL;
-    END IF;
-    IF EXISTS (SELECT 1 FROM ledger_entries WHERE account_id = OLD.account_id)
-       OR EXISTS (SELECT 1 FROM holds WHERE account_id = OLD.account_id) THEN
-        RAISE EXCEPTION 'account % has ledger entries or holds: it is kept (block it instead)',
-                        OLD.account_id USING ERRCODE = 'foreign_key_violation';
-    END IF;
-    IF TG_OP = 'DELETE' THEN
-        RETURN OLD;
-    END IF;
-    RETURN NEW;
+    RAISE EXCEPTION 'payauth_account_keeps_history is defined by sql/ (payauth migrate)'
+          USING ERRCODE = 'foreign_key_violation';
 END
 $$;
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support.k8s_api import ApiServer
+from tests.support.k8s_api import ApiServer, kustomize, pod_template
 
 ROOT = Path(__file__).resolve().parents[2]
 KUSTOMIZATIONS = {"base": ROOT / "deploy/k8s", "ha": ROOT / "deploy/k8s/overlays/ha"}
@@ -65,7 +65,7 @@ def _namespace(api: ApiServer, purpose: str) -> str:
 
 def _built(api: ApiServer, which: str, namespace: str) -> list[dict[str, Any]]:
     """The kustomization as ``kubectl apply -k`` sends it, moved to ``namespace``."""
-    docs = api.kustomize(KUSTOMIZATIONS[which])
+    docs = kustomize(KUSTOMIZATIONS[which], api.kubectl)
     for doc in docs:
         assert doc["metadata"].get("namespace") == "payments", doc["metadata"]["name"]
         doc["metadata"]["namespace"] = namespace
@@ -76,17 +76,10 @@ def _one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     return copy.deepcopy(next(d for d in docs if d["kind"] == kind))
 
 
-def _pod_template(workload: dict[str, Any]) -> dict[str, Any]:
-    spec = workload["spec"]
-    if workload["kind"] == "CronJob":
-        spec = spec["jobTemplate"]["spec"]
-    return dict(spec["template"])
-
-
 def _as_pod(workload: dict[str, Any]) -> dict[str, Any]:
     """The Pod its controller would create: Pod Security only warns about a workload's
     template, and refuses the Pod."""
-    template = _pod_template(workload)
+    template = pod_template(workload)
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": f"{workload['metadata']['name']}-pod",
                          "namespace": workload["metadata"]["namespace"],

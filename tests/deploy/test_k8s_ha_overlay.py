@@ -7,7 +7,6 @@ API server."""
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -16,7 +15,7 @@ import pytest
 import yaml
 
 from service.config import Settings
-from tests.support.k8s_api import kubectl_binary
+from tests.support.k8s_api import kubectl_binary, kustomize
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy/k8s"
@@ -205,12 +204,9 @@ def test_the_worker_trusts_the_kafka_cluster_ca_where_its_settings_look() -> Non
 @pytest.mark.skipif(kubectl_binary() is None, reason="no kubectl (make k8s-api builds one)")
 def test_kustomize_builds_both_the_base_and_the_overlay() -> None:
     for target in (K8S, HA):
-        built = subprocess.run([str(kubectl_binary()), "kustomize", str(target)],
-                               capture_output=True, text=True, timeout=60)
-        assert built.returncode == 0, built.stderr
-        kinds = [d["kind"] for d in yaml.safe_load_all(built.stdout) if d]
-        assert "StatefulSet" in kinds
-    overlay = [d for d in yaml.safe_load_all(built.stdout) if d]
+        built = kustomize(target)
+        assert "StatefulSet" in [d["kind"] for d in built]
+    overlay = built
     worker = next(d for d in overlay if d["kind"] == "StatefulSet")
     assert worker["metadata"]["namespace"] == "payments"
     assert any(v["name"] == "kafka-ca" for v in worker["spec"]["template"]["spec"]["volumes"])

@@ -13,6 +13,7 @@ import yaml
 
 from service.config import Settings
 from service.metrics import REGISTRY
+from tests.support.k8s_api import pod_template
 
 ROOT = Path(__file__).resolve().parents[2]
 PROM = ROOT / "deploy/prometheus"
@@ -197,11 +198,7 @@ def test_healthz_fails_when_the_poll_loop_or_the_event_loop_is_stuck(monkeypatch
 
 def _pod_specs() -> dict[str, dict]:  # type: ignore[type-arg]
     docs = k8s_docs()
-    return {
-        "StatefulSet": docs["StatefulSet"]["spec"]["template"]["spec"],
-        "Job": docs["Job"]["spec"]["template"]["spec"],
-        "CronJob": docs["CronJob"]["spec"]["jobTemplate"]["spec"]["template"]["spec"],
-    }
+    return {kind: pod_template(docs[kind])["spec"] for kind in ("StatefulSet", "Job", "CronJob")}
 
 
 def test_every_pod_meets_pod_security_restricted() -> None:

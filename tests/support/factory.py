@@ -8,6 +8,7 @@ from decimal import Decimal
 from typing import Any
 
 from service.devtools.network_message import authorization_message
+from service.domain.messages import Authorization, decode_authorization
 
 
 def auth_message(
@@ -20,6 +21,14 @@ def auth_message(
     """An authorization request; a fresh transaction_id unless one is given."""
     txn = transaction_id or f"TXN-{uuid.uuid4().hex[:12]}"
     return authorization_message(txn, account_id=account_id, amount=amount, **fields)
+
+
+def authorization(txn: str, account: str, amount: str, kind: str = "PURCHASE",
+                  currency: str = "EUR", original: str | None = None) -> Authorization:
+    """The message as the worker decodes it, for a test that calls the store directly."""
+    return decode_authorization(encode(auth_message(
+        txn, account_id=account, amount=amount, currency=currency, authorization_type=kind,
+        **({"original_transaction_id": original} if original else {}))))
 
 
 def encode(message: dict[str, Any]) -> bytes:

@@ -23,6 +23,23 @@ def kubectl_binary() -> str | None:
     return str(KUBECTL) if KUBECTL.exists() else shutil.which("kubectl")
 
 
+def kustomize(directory: Path, kubectl: str | None = None) -> list[dict[str, Any]]:
+    """The kustomization as ``kubectl apply -k`` sends it (``kubectl``: the binary to use,
+    else ``kubectl_binary()``)."""
+    built = subprocess.run([kubectl or str(kubectl_binary()), "kustomize", str(directory)],
+                           capture_output=True, text=True, timeout=60)
+    assert built.returncode == 0, built.stderr
+    return [d for d in yaml.safe_load_all(built.stdout) if d]
+
+
+def pod_template(workload: dict[str, Any]) -> dict[str, Any]:
+    """A StatefulSet's, Job's or CronJob's pod template (a CronJob's is its Job's)."""
+    spec = workload["spec"]
+    if workload["kind"] == "CronJob":
+        spec = spec["jobTemplate"]["spec"]
+    return dict(spec["template"])
+
+
 @dataclass(frozen=True)
 class ApiServer:
     kubectl: str
@@ -51,8 +68,3 @@ class ApiServer:
         return self.run("apply", "--server-side", "--validate=strict",
                         "--field-manager=payauth-deploy-test", *extra, "-f", "-",
                         stdin=yaml.safe_dump_all(docs))
-
-    def kustomize(self, directory: Path) -> list[dict[str, Any]]:
-        built = subprocess.run([self.kubectl, "kustomize", str(directory)],
-                               capture_output=True, text=True, timeout=60, check=True)
-        return [d for d in yaml.safe_load_all(built.stdout) if d]

@@ -5,6 +5,7 @@ nor depend on order."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -24,7 +25,10 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from service.adapters.kafka.admin import committed_offsets as kafka_committed
+from service.adapters.postgres import PostgresStore
 from service.devtools.processes import port_open
+from service.domain.dedup import StoredResult
+from service.domain.messages import Authorization
 
 ROOT = Path(__file__).resolve().parents[2]
 BOOTSTRAP = os.environ.get("PAYAUTH_KAFKA_BOOTSTRAP_SERVERS", "localhost:9092")
@@ -271,8 +275,6 @@ def end_offsets(topic: str, partitions: int) -> dict[int, int]:
 
 def fetch(dsn: str, sql: str, *args: object) -> list[asyncpg.Record]:
     """Run one query on its own connection (from synchronous test code)."""
-    import asyncio
-
     async def go() -> list[asyncpg.Record]:
         conn = await asyncpg.connect(dsn)
         try:
@@ -281,6 +283,32 @@ def fetch(dsn: str, sql: str, *args: object) -> list[asyncpg.Record]:
             await conn.close()
 
     return asyncio.run(go())
+
+
+async def until_a_lock_is_awaited(dsn: str, application_name: str | None = None) -> None:
+    """Return once a session on ``dsn``'s database (of ``application_name``, if given) waits
+    for a lock; fail after 10 s: the interleaving a two-connection test needs never came."""
+    for _ in range(200):
+        conn = await asyncpg.connect(dsn)
+        try:
+            waiting = await conn.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock' AND application_name = coalesce($1, "
+                "application_name)", application_name)
+        finally:
+            await conn.close()
+        if waiting:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("nobody ever waited for the lock")
+
+
+async def authorize_in_order(store: PostgresStore, batch: list[Authorization]
+                             ) -> list[StoredResult]:
+    """``store.authorize`` for ``batch`` as one partition's messages at offsets 0, 1, …"""
+    return list(await store.authorize(batch, source_topic="t",
+                                      source_partitions=[0] * len(batch),
+                                      source_offsets=list(range(len(batch)))))
 
 
 async def seed_accounts(dsn: str, accounts: Iterable[tuple[str, Decimal | str, str]],

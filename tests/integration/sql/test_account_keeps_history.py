@@ -14,9 +14,10 @@ import asyncpg
 import pytest
 
 from service.adapters.postgres import PostgresStore
-from service.domain.messages import decode_authorization
+from service.domain.dedup import StoredResult
+from service.domain.messages import Authorization
 from tests.support import stack
-from tests.support.factory import auth_message, encode
+from tests.support.factory import authorization
 from tests.support.workers import payauth
 
 KEPT = "has ledger entries or holds: it is kept"
@@ -28,19 +29,15 @@ def _account(env: stack.Env, balance: str = "100.00") -> str:
     return account
 
 
-def _purchase(account: str, amount: str = "10.00", kind: str = "PURCHASE") -> Any:
-    return decode_authorization(encode(auth_message(
-        f"T-{uuid.uuid4().hex[:10]}", account_id=account, amount=amount, currency="EUR",
-        authorization_type=kind)))
+def _purchase(account: str, amount: str = "10.00", kind: str = "PURCHASE") -> Authorization:
+    return authorization(f"T-{uuid.uuid4().hex[:10]}", account, amount, kind)
 
 
-def _decide(env: stack.Env, *batch: Any) -> list[Any]:
-    async def run() -> list[Any]:
+def _decide(env: stack.Env, *batch: Authorization) -> list[StoredResult]:
+    async def run() -> list[StoredResult]:
         store = await PostgresStore.connect(env.dsn)
         try:
-            return await store.authorize(list(batch), source_topic="t",
-                                         source_partitions=[0] * len(batch),
-                                         source_offsets=list(range(len(batch))))
+            return await stack.authorize_in_order(store, list(batch))
         finally:
             await store.close()
     return asyncio.run(run())
@@ -71,24 +68,6 @@ def test_an_account_with_a_ledger_entry_or_a_hold_is_not_deleted_renamed_or_trun
                        paid)[0]["balance"] == 85
 
 
-async def _waiting_for_a_lock(dsn: str) -> bool:
-    conn = await asyncpg.connect(dsn)
-    try:
-        return bool(await conn.fetchval(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND wait_event_type = 'Lock'"))
-    finally:
-        await conn.close()
-
-
-async def _until_one_waits(dsn: str) -> None:
-    for _ in range(200):
-        if await _waiting_for_a_lock(dsn):
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("nobody ever waited for the account's lock")
-
-
 def test_a_delete_waiting_for_a_batch_that_writes_the_account_is_refused(
         env: stack.Env) -> None:
     """The batch locks the account and posts to it, still open; a DELETE of the account
@@ -112,7 +91,7 @@ def test_a_delete_waiting_for_a_batch_that_writes_the_account_is_refused(
                                 "WHERE account_id = $1", account)
             deleting = asyncio.create_task(
                 deleter.execute("DELETE FROM accounts WHERE account_id = $1", account))
-            await _until_one_waits(env.dsn)
+            await stack.until_a_lock_is_awaited(env.dsn)
             await tx.commit()
             with pytest.raises(asyncpg.ForeignKeyViolationError) as caught:
                 await deleting
@@ -134,17 +113,15 @@ def test_a_batch_waiting_for_a_delete_that_commits_writes_nothing_for_the_accoun
     account = _account(env)
     purchase, hold = _purchase(account), _purchase(account, kind="AUTHORIZATION")
 
-    async def scenario() -> list[Any]:
+    async def scenario() -> list[StoredResult]:
         deleter = await asyncpg.connect(env.dsn)
         store = await PostgresStore.connect(env.dsn)
         try:
             tx = deleter.transaction()
             await tx.start()
             await deleter.execute("DELETE FROM accounts WHERE account_id = $1", account)
-            deciding = asyncio.create_task(store.authorize(
-                [purchase, hold], source_topic="t", source_partitions=[0, 0],
-                source_offsets=[0, 1]))
-            await _until_one_waits(env.dsn)
+            deciding = asyncio.create_task(stack.authorize_in_order(store, [purchase, hold]))
+            await stack.until_a_lock_is_awaited(env.dsn)
             await tx.commit()
             return await deciding
         finally:

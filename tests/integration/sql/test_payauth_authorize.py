@@ -21,7 +21,7 @@ from service.adapters.postgres import PostgresStore
 from service.core.ports import ClaimLost
 from service.domain.messages import Authorization, decode_authorization
 from tests.support import stack
-from tests.support.factory import auth_message, encode
+from tests.support.factory import auth_message, authorization, encode
 from tests.support.oracle import Account, decide_in_order, decide_in_order_with_inputs
 
 ACCOUNTS = [  # id, balance, currency, status
@@ -114,24 +114,18 @@ def test_the_function_decides_as_the_domain_reference(env: stack.Env) -> None:
     asyncio.run(scenario())
 
 
-def _auth(txn: str, account: str, amount: str, kind: str = "PURCHASE",
-          currency: str = "EUR") -> Authorization:
-    return decode_authorization(encode(auth_message(
-        txn, account_id=account, amount=amount, currency=currency, authorization_type=kind)))
-
-
 def test_the_edges_of_each_rule(env: stack.Env) -> None:
     # In offset order, each seeing what the ones before it left.
     edges = [
-        (_auth("E1", "FN-D", "5.00"), ("APPROVED", None)),  # exactly the balance
-        (_auth("E2", "FN-D", "0.01"), ("DECLINED", "INSUFFICIENT_FUNDS")),
-        (_auth("E3", "FN-D", "1.00", "REFUND"), ("APPROVED", None)),
-        (_auth("E4", "FN-D", "1.00"), ("APPROVED", None)),  # the refund, spent at once
-        (_auth("E5", "FN-E", "0.01"), ("DECLINED", "INSUFFICIENT_FUNDS")),
-        (_auth("E6", "FN-B", "1.00", "REFUND"), ("DECLINED", "ACCOUNT_BLOCKED")),
-        (_auth("E7", "FN-C", "1.00", "REFUND"), ("DECLINED", "CURRENCY_MISMATCH")),
-        (_auth("E8", "FN-NONE", "1.00", "REFUND"), ("DECLINED", "UNKNOWN_ACCOUNT")),
-        (_auth("E9", "FN-C", "1000", currency="JPY"), ("APPROVED", None)),
+        (authorization("E1", "FN-D", "5.00"), ("APPROVED", None)),  # exactly the balance
+        (authorization("E2", "FN-D", "0.01"), ("DECLINED", "INSUFFICIENT_FUNDS")),
+        (authorization("E3", "FN-D", "1.00", "REFUND"), ("APPROVED", None)),
+        (authorization("E4", "FN-D", "1.00"), ("APPROVED", None)),  # the refund, spent at once
+        (authorization("E5", "FN-E", "0.01"), ("DECLINED", "INSUFFICIENT_FUNDS")),
+        (authorization("E6", "FN-B", "1.00", "REFUND"), ("DECLINED", "ACCOUNT_BLOCKED")),
+        (authorization("E7", "FN-C", "1.00", "REFUND"), ("DECLINED", "CURRENCY_MISMATCH")),
+        (authorization("E8", "FN-NONE", "1.00", "REFUND"), ("DECLINED", "UNKNOWN_ACCOUNT")),
+        (authorization("E9", "FN-C", "1000", currency="JPY"), ("APPROVED", None)),
     ]
 
     async def scenario() -> list[tuple[str, str | None]]:
@@ -211,7 +205,7 @@ def test_a_lifecycle_batch_decides_purchases_and_refunds_as_the_reference(env: s
         try:
             for round_number in range(4):
                 batch = _random_batch(rng, f"lc{round_number}", 150)
-                advice = _auth(f"FN-lc{round_number}-advice", "FN-HOLDS", "1.00", "ADVICE")
+                advice = authorization(f"FN-lc{round_number}-advice", "FN-HOLDS", "1.00", "ADVICE")
                 before = await _accounts(env.dsn)
                 seen_and_decided = decide_in_order_with_inputs(batch, before)
                 stored = await store.authorize(

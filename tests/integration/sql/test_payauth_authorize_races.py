@@ -15,16 +15,9 @@ from typing import Any
 import asyncpg
 
 from service.adapters.postgres import PostgresStore
-from service.domain.messages import Authorization, decode_authorization
+from service.domain.messages import Authorization
 from tests.support import stack
-from tests.support.factory import auth_message, encode
-
-
-def _auth(txn: str, account: str, amount: str, kind: str, original: str | None = None
-          ) -> Authorization:
-    return decode_authorization(encode(auth_message(
-        txn, account_id=account, amount=amount, currency="EUR", authorization_type=kind,
-        **({"original_transaction_id": original} if original else {}))))
+from tests.support.factory import authorization
 
 
 class HeldOpenStore(PostgresStore):
@@ -45,16 +38,6 @@ class HeldOpenStore(PostgresStore):
             return rows
 
 
-async def _waiting_for_a_lock(dsn: str, application_name: str) -> bool:
-    conn = await asyncpg.connect(dsn)
-    try:
-        return bool(await conn.fetchval(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 "
-            "AND wait_event_type = 'Lock'", application_name))
-    finally:
-        await conn.close()
-
-
 def _decided_while_the_other_waits(env: stack.Env, held: Authorization,
                                    waiting: Authorization) -> tuple[Any, Any]:
     """``held`` decided by a batch that keeps its transaction open (its account locked);
@@ -70,12 +53,8 @@ def _decided_while_the_other_waits(env: stack.Env, held: Authorization,
             await asyncio.wait_for(holding.decided.wait(), 10)
             second = asyncio.create_task(other.authorize(
                 [waiting], source_topic="t", source_partitions=[2], source_offsets=[0]))
-            for _ in range(200):  # until the second batch waits for the account's lock
-                if await _waiting_for_a_lock(env.dsn, "payauth-worker"):
-                    break
-                await asyncio.sleep(0.05)
-            else:
-                raise AssertionError("the second batch never waited for the account")
+            # until the second batch waits for the account's lock
+            await stack.until_a_lock_is_awaited(env.dsn, "payauth-worker")
             holding.release.set()
             [a] = await first
             [b] = await second
@@ -95,8 +74,8 @@ def test_an_orphan_kept_while_its_purchase_is_decided_elsewhere_is_applied(
     account = f"RACE-{uuid.uuid4().hex[:6]}"
     asyncio.run(stack.seed_accounts(env.dsn, [(account, "100.00", "EUR")]))
     orphan, decided = _decided_while_the_other_waits(
-        env, _auth("R1", account, "10.00", "REVERSAL", "X1"),
-        _auth("X1", account, "10.00", "PURCHASE"))
+        env, authorization("R1", account, "10.00", "REVERSAL", original="X1"),
+        authorization("X1", account, "10.00", "PURCHASE"))
     assert orphan.orphan and decided.result == "APPROVED"
     [row] = stack.fetch(env.dsn, "SELECT balance FROM accounts WHERE account_id = $1", account)
     [orphan] = stack.fetch(env.dsn, "SELECT state, applied FROM orphan_reversals "
@@ -115,8 +94,9 @@ def test_a_clearing_kept_while_its_hold_is_decided_elsewhere_is_netted(
     account = f"RACE-{uuid.uuid4().hex[:6]}"
     asyncio.run(stack.seed_accounts(env.dsn, [(account, "100.00", "EUR")]))
     clearing, hold = _decided_while_the_other_waits(
-        env, _auth(f"C1-{account}", account, "30.00", "CLEARING", f"H1-{account}"),
-        _auth(f"H1-{account}", account, "30.00", "AUTHORIZATION"))
+        env,
+        authorization(f"C1-{account}", account, "30.00", "CLEARING", original=f"H1-{account}"),
+        authorization(f"H1-{account}", account, "30.00", "AUTHORIZATION"))
     assert clearing.forced and hold.result == "APPROVED"
     [row] = stack.fetch(env.dsn, "SELECT balance, held FROM accounts WHERE account_id = $1",
                         account)
@@ -145,11 +125,12 @@ def test_orphans_and_their_purchases_decided_at_once_by_two_stores(env: stack.En
                 chunk = accounts[start:start + 30]
                 await asyncio.gather(
                     reversals_store.authorize(
-                        [_auth(f"R-{a}", a, "20.00", "REVERSAL", f"X-{a}") for a in chunk],
+                        [authorization(f"R-{a}", a, "20.00", "REVERSAL", original=f"X-{a}")
+                         for a in chunk],
                         source_topic="t", source_partitions=[1] * len(chunk),
                         source_offsets=list(range(len(chunk)))),
                     purchases_store.authorize(
-                        [_auth(f"X-{a}", a, "20.00", "PURCHASE") for a in chunk],
+                        [authorization(f"X-{a}", a, "20.00", "PURCHASE") for a in chunk],
                         source_topic="t", source_partitions=[2] * len(chunk),
                         source_offsets=list(range(len(chunk)))))
         finally:
