@@ -10,6 +10,7 @@ import asyncio
 import uuid
 
 import asyncpg
+import pytest
 
 from tests.support import stack
 from tests.support.factory import auth_message, encode
@@ -34,6 +35,11 @@ async def _execute(dsn: str, sql: str) -> None:
         await conn.close()
 
 
+# One partition: the worker starts fetching each partition when its start offset is known,
+# at slightly different moments, so over four partitions its batches could each hold one
+# partition's 16 messages, all of which fit. Over one, its
+# first fetch holds all 64.
+@pytest.mark.partitions(1)
 def test_a_batch_past_its_statement_timeout_is_decided_in_halves(env, spawn_worker) -> None:
     """64 purchases waiting before the worker starts, one batch of up to 64: 50 ms a claim
     makes any batch of more than 20 exceed the 1 s timeout, and any of 16 fit."""
