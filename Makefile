@@ -32,8 +32,9 @@ venv: $(STAMP) ## create .venv with the locked dependencies
 stack-up: venv ## start Kafka, PostgreSQL and Redis locally (no Docker), reuse what runs
 	@PYTHON=$(PY) deploy/local/stack.sh up
 
-stack-down: ## stop what stack-up started
+stack-down: ## stop what stack-up started, and the API server make test starts (k8s-api)
 	@deploy/local/stack.sh down
+	@deploy/local/k8s-api.sh down
 
 test-tools: ## install what the tests call besides the stack (promtool), if missing
 	@deploy/local/stack.sh tools

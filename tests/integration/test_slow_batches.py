@@ -37,8 +37,7 @@ async def _execute(dsn: str, sql: str) -> None:
 
 # One partition: the worker starts fetching each partition when its start offset is known,
 # at slightly different moments, so over four partitions its batches could each hold one
-# partition's 16 messages, all of which fit. Over one, its
-# first fetch holds all 64.
+# partition's 16 messages, all of which fit. Over one, its first fetch holds all 64.
 @pytest.mark.partitions(1)
 def test_a_batch_past_its_statement_timeout_is_decided_in_halves(env, spawn_worker) -> None:
     """64 purchases waiting before the worker starts, one batch of up to 64: 50 ms a claim
