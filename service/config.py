@@ -11,6 +11,7 @@ import socket
 from decimal import Decimal
 from typing import Literal
 from urllib.parse import parse_qs, unquote, urlsplit
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -78,6 +79,9 @@ class Settings(BaseSettings):
     purge_interval_seconds: int = Field(default=3_600, ge=0)
     # `payauth holds expire` ends holds at least this old (placed_at, the database's clock).
     hold_expiry_hours: float = Field(default=168, gt=0, allow_inf_nan=False)
+    # The zone whose calendar a spending limit's DAY, WEEK and MONTH follow (an IANA name),
+    # read from each message's own time.
+    limits_timezone: str = "UTC"
 
     # --- Processing
     max_batch_size: int = Field(default=1_000, ge=1, le=10_000)
@@ -115,6 +119,16 @@ class Settings(BaseSettings):
     @classmethod
     def _upper_level(cls, value: object) -> object:
         return value.upper() if isinstance(value, str) else value
+
+    @field_validator("limits_timezone")
+    @classmethod
+    def _iana_zone(cls, value: str) -> str:
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"{value!r} is not an IANA time zone (such as Europe/Madrid)") \
+                from None
+        return value
 
     @field_validator("database_url")
     @classmethod

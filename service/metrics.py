@@ -9,7 +9,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from service.domain.errors import DeadLetterReason
-from service.domain.vocabulary import DuplicateCause, DuplicateLayer
+from service.domain.vocabulary import DeclineReason, DuplicateCause, DuplicateLayer
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -180,3 +180,5 @@ for _store in ("redis", "postgres"):
 # Every series exists from the start at 0, so rate() and alerts see the first increment.
 for _reason in DeadLetterReason:
     dead_letters_total.labels(_reason.value)
+for _decline in DeclineReason:
+    declines_total.labels(_decline.value)

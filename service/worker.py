@@ -71,6 +71,7 @@ async def connect_store(
                 max_size=settings.db_pool_max,
                 statement_timeout_ms=settings.statement_timeout_ms,
                 lock_timeout_ms=settings.lock_timeout_ms,
+                limits_timezone=settings.limits_timezone,
             )
             if health is not None:
                 health.accepted("postgres")

@@ -4,7 +4,9 @@
 -- The batch is the worker's, in offset order within each partition: one array element per
 -- message (p_originals: each one's original_transaction_id, NULL for none; the network's
 -- conversion, p_billing_amounts and p_billing_currencies; a PURCHASE's or AUTHORIZATION's
--- p_partial_ok; a CLEARING's p_final, NULL meaning final). The call
+-- p_partial_ok; a CLEARING's p_final, NULL meaning final; the card and merchant the controls
+-- judge, p_card_ids, p_categories and p_countries, and each message's own time, p_times,
+-- whose period its limits count in, in the time zone p_tz). The call
 -- commits on its own (autocommit): one round trip, the accounts' locks held for the
 -- statement only. In this order:
 --
@@ -24,7 +26,9 @@
 --    * each (payauth_authorize_each): anything else (an orphan kept or applied, a clearing
 --      before its hold kept or applied, a reversal of a purchase, a LIFECYCLE_MISMATCH, an
 --      advice or clearing of an unknown account or with no amount in its currency, an
---      increment of an unknown hold, a hold placed again), one message at a time; it holds
+--      increment of an unknown hold, a hold placed again, a reversal that gives back to a
+--      spending limit before a message of its account that a limit may count), one message
+--      at a time; it holds
 --      every rule, the others the common cases of them (integration/sql/
 --      test_payauth_authorize.py holds the routes to the same rows).
 -- 3. The route decides in offset order with the one rule (payauth_decide), claims each
@@ -46,7 +50,8 @@
 -- BALANCE_INQUIRY's figures); account_currency (NULL: no such account); already_cleared
 -- (what clearings that came before a hold released of it); applied_ids, applied_amounts and applied_correlations (the orphan
 -- reversals this message's arrival applied, each with what it released or credited, for
--- their ReversalApplied events).
+-- their ReversalApplied events); card_status (a CARD_BLOCKED's card's status) and limit_id
+-- (the limit a LIMIT_EXCEEDED names).
 CREATE OR REPLACE FUNCTION payauth_authorize(
     p_txn_ids            text[],
     p_account_ids        text[],
@@ -65,12 +70,18 @@ CREATE OR REPLACE FUNCTION payauth_authorize(
     p_billing_amounts    numeric[],
     p_billing_currencies text[],
     p_partial_ok         boolean[],
-    p_final              boolean[]
+    p_final              boolean[],
+    p_card_ids           text[],
+    p_categories         text[],
+    p_countries          text[],
+    p_times              timestamptz[],
+    p_tz                 text
 ) RETURNS TABLE (result text, decline_reason text, amount_applied text, forced boolean,
                  orphan boolean, mismatch text, balance_delta text, held_delta text,
                  approved text, partial boolean, ledger_balance text,
                  available_balance text, account_currency text, already_cleared text,
-                 applied_ids text[], applied_amounts text[], applied_correlations text[])
+                 applied_ids text[], applied_amounts text[], applied_correlations text[],
+                 card_status text, limit_id text)
 LANGUAGE plpgsql
 AS $$
 #variable_conflict use_column
@@ -126,6 +137,23 @@ BEGIN
                                            AND e.acct = m.acct
                                            AND e.kind IN ('AUTHORIZATION', 'ADVICE')))
             THEN 'each'
+        -- A reversal that gives back to a spending limit (of an original a limit counted, or
+        -- of one earlier in the batch when a limit may count it) before a message of its
+        -- account that a limit may count: that one must see the usage given back.
+        WHEN EXISTS (SELECT 1 FROM unnest(p_auth_types, p_originals, p_account_ids)
+                                   WITH ORDINALITY AS t(kind, orig, acct, ord)
+                      WHERE t.kind = 'REVERSAL'
+                        AND EXISTS (SELECT 1 FROM unnest(p_auth_types, p_account_ids)
+                                                  WITH ORDINALITY AS l(kind, acct, ord)
+                                     WHERE l.ord > t.ord AND l.acct = t.acct
+                                       AND l.kind IN ('PURCHASE', 'AUTHORIZATION',
+                                                      'INCREMENTAL', 'ADVICE'))
+                        AND (EXISTS (SELECT 1 FROM limit_charges c WHERE c.txn_id = t.orig)
+                             OR (t.orig = ANY(p_txn_ids)
+                                 AND EXISTS (SELECT 1 FROM spending_limits l
+                                              WHERE l.scope_id = ANY(p_account_ids)
+                                                 OR l.scope_id = ANY(p_card_ids)))))
+            THEN 'each'
         -- A hold placed twice: in the batch, or found already (PA409, the loop says which).
         WHEN EXISTS (SELECT 1 FROM unnest(p_txn_ids, p_auth_types) AS t(txn, kind)
                       WHERE t.kind IN ('AUTHORIZATION', 'ADVICE')
@@ -141,25 +169,32 @@ BEGIN
                             NULL::boolean, NULL::text, NULL::text, NULL::text, p.approved,
                             p.partial, p.ledger_balance, p.available_balance,
                             p.account_currency, NULL::text, NULL::text[], NULL::text[],
-                            NULL::text[]
+                            NULL::text[], p.card_status, p.limit_id
           FROM payauth_authorize_purchases(
                    p_txn_ids, p_account_ids, p_amounts, p_currencies, p_auth_types,
                    p_fingerprints, p_correlation_ids, p_message_ids, p_partitions,
                    p_offsets, p_processed_at, p_source_topic, p_batch_id, p_billing_amounts,
-                   p_billing_currencies, p_partial_ok) p;
+                   p_billing_currencies, p_partial_ok, p_card_ids, p_categories, p_countries,
+                   p_times, p_tz) p;
     ELSIF route = 'lifecycle' THEN
-        RETURN QUERY SELECT l.*, NULL::text[], NULL::text[], NULL::text[]
+        RETURN QUERY SELECT l.result, l.decline_reason, l.amount_applied, l.forced, l.orphan,
+                            l.mismatch, l.balance_delta, l.held_delta, l.approved, l.partial,
+                            l.ledger_balance, l.available_balance, l.account_currency,
+                            l.already_cleared, NULL::text[], NULL::text[], NULL::text[],
+                            l.card_status, l.limit_id
           FROM payauth_authorize_lifecycle(
                    p_txn_ids, p_account_ids, p_amounts, p_currencies, p_auth_types,
                    p_fingerprints, p_correlation_ids, p_message_ids, p_partitions,
                    p_offsets, p_processed_at, p_source_topic, p_batch_id, p_originals,
-                   p_billing_amounts, p_billing_currencies, p_partial_ok, p_final) l;
+                   p_billing_amounts, p_billing_currencies, p_partial_ok, p_final,
+                   p_card_ids, p_categories, p_countries, p_times, p_tz) l;
     ELSE
         RETURN QUERY SELECT * FROM payauth_authorize_each(
                    p_txn_ids, p_account_ids, p_amounts, p_currencies, p_auth_types,
                    p_fingerprints, p_correlation_ids, p_message_ids, p_partitions,
                    p_offsets, p_processed_at, p_source_topic, p_batch_id, p_originals,
-                   p_billing_amounts, p_billing_currencies, p_partial_ok, p_final);
+                   p_billing_amounts, p_billing_currencies, p_partial_ok, p_final,
+                   p_card_ids, p_categories, p_countries, p_times, p_tz);
     END IF;
 END
 $$;

@@ -6,7 +6,11 @@
 -- * LIFECYCLE_MISMATCH: payauth_mismatch's; such a message is not claimed, nothing changes.
 -- * The decision: payauth_decide, on the available balance (balance - held) and the amount
 --   in the account's currency (payauth_account_amount), approving what payauth_approved
---   says (a partial approval: the available balance).
+--   says (a partial approval: the available balance), and on the card's controls read for
+--   the message alone: its card's verdict (payauth_card_inputs, payauth_card_verdict) and
+--   the room its limits leave (payauth_limit_slots). An approval a limit counts is charged
+--   at once (payauth_limits_charge); whatever a reversal releases or credits, an orphan's
+--   too, is given back to the limits that counted its original (payauth_limits_give_back).
 -- * PURCHASE/REFUND: a debit/credit in the ledger of what was approved. Waiting orphan
 --   reversals of an approved PURCHASE are applied in the order they came, each credited
 --   back (capped by what of the purchase remains) as a REVERSAL ledger entry under the
@@ -51,13 +55,19 @@ CREATE OR REPLACE FUNCTION payauth_authorize_each(
     p_billing_amounts    numeric[],
     p_billing_currencies text[],
     p_partial_ok         boolean[],
-    p_final              boolean[]
+    p_final              boolean[],
+    p_card_ids           text[],
+    p_categories         text[],
+    p_countries          text[],
+    p_times              timestamptz[],  -- each message's own time
+    p_tz                 text            -- PAYAUTH_LIMITS_TIMEZONE
 ) RETURNS TABLE (result text, decline_reason text, amount_applied text, forced boolean,
                  orphan boolean, mismatch text, balance_delta text, held_delta text,
                  approved text, partial boolean, ledger_balance text,
                  available_balance text, account_currency text, already_cleared text,
                  applied_ids text[],
-                 applied_amounts text[], applied_correlations text[])
+                 applied_amounts text[], applied_correlations text[],
+                 card_status text, limit_id text)
 LANGUAGE plpgsql
 AS $$
 #variable_conflict use_column
@@ -103,6 +113,23 @@ DECLARE
     o_ids      text[];   -- the orphan reversals this message's arrival applied
     o_amounts  text[];
     o_corrs    text[];
+    -- The controls, read for this message alone (payauth_card_inputs, payauth_limit_slots).
+    c_st       text;     -- the card's status; NULL: no card of the account
+    c_exp      date;
+    c_blk      text[];
+    mday       date;
+    verdict    text;
+    room       numeric;
+    croom      integer;
+    e_lim      text[];   -- the limits that count it, in id order, and their periods
+    e_start    date[];
+    e_ma       numeric[];
+    e_mc       integer[];
+    e_ua       numeric[];  -- and the usage it read
+    e_uc       integer[];
+    lims       jsonb;
+    lim_id     text;
+    judged     boolean;
 BEGIN
     IF n = 0 THEN
         RETURN;
@@ -125,6 +152,7 @@ BEGIN
             approved := NULL; partial := NULL; ledger_balance := NULL;
             available_balance := NULL; account_currency := NULL; already_cleared := NULL;
             applied_ids := NULL; applied_amounts := NULL; applied_correlations := NULL;
+            card_status := NULL; limit_id := NULL;
             RETURN NEXT;
             CONTINUE;
         END IF;
@@ -165,8 +193,38 @@ BEGIN
             END IF;
         END IF;
 
+        -- The card's controls, read now (every message before it on this account is
+        -- written): payauth_decide says which kinds the card's verdict judges; the limits
+        -- are read for the kinds they count.
+        SELECT ci.card_status, ci.card_expires, ci.blocks, ci.message_day
+          INTO c_st, c_exp, c_blk, mday
+          FROM payauth_card_inputs(ARRAY[acct], ARRAY[p_card_ids[i]], ARRAY[p_categories[i]],
+                                   ARRAY[p_countries[i]], ARRAY[p_times[i]], p_tz) ci;
+        verdict := payauth_card_verdict(p_card_ids[i], c_st, c_exp, mday, c_blk);
+        room := NULL; croom := NULL; e_lim := NULL; lims := NULL; lim_id := NULL;
+        IF kind IN ('PURCHASE', 'AUTHORIZATION', 'INCREMENTAL', 'ADVICE') THEN
+            SELECT min(ls.max_amount - ls.used_amount), min(ls.max_count - ls.used_count),
+                   array_agg(ls.limit_id ORDER BY ls.limit_id),
+                   array_agg(ls.period_start ORDER BY ls.limit_id),
+                   array_agg(ls.max_amount ORDER BY ls.limit_id),
+                   array_agg(ls.max_count ORDER BY ls.limit_id),
+                   array_agg(ls.used_amount ORDER BY ls.limit_id),
+                   array_agg(ls.used_count ORDER BY ls.limit_id)
+              INTO room, croom, e_lim, e_start, e_ma, e_mc, e_ua, e_uc
+              FROM payauth_limit_slots(ARRAY[acct], ARRAY[p_card_ids[i]],
+                                       ARRAY[p_categories[i]], ARRAY[kind], ARRAY[p_times[i]],
+                                       p_tz) ls;
+            IF e_lim IS NOT NULL THEN
+                SELECT r.lims INTO lims
+                  FROM payauth_limits_read(array_fill(1, ARRAY[cardinality(e_lim)]), e_lim,
+                                           e_start, e_ma, e_mc, e_ua, e_uc) r;
+            END IF;
+        END IF;
+        -- (What the controls judged the message on is kept where any of them applied.)
+        judged := p_card_ids[i] IS NOT NULL OR c_blk IS NOT NULL OR e_lim IS NOT NULL;
+
         decision := payauth_decide(avail, a.status, kind, amt, hold_seen,
-                                   coalesce(p_partial_ok[i], false));
+                                   coalesce(p_partial_ok[i], false), verdict, room, croom);
         IF decision IS NULL THEN  -- a broken rule stops the partition, it never approves
             RAISE EXCEPTION 'payauth_decide returned NULL for transaction %', txn;
         END IF;
@@ -175,6 +233,20 @@ BEGIN
             granted := coalesce(payauth_approved(decision, amt, avail), 0);
         ELSE
             res := 'DECLINED'; reason := decision;
+        END IF;
+        -- The limit a LIMIT_EXCEEDED names (the first by id); what an approval counts (before
+        -- the orphan reversals below give any of it back).
+        IF decision = 'LIMIT_EXCEEDED' THEN
+            SELECT x.lim INTO lim_id
+              FROM unnest(e_lim, e_ma, e_ua, e_mc, e_uc) AS x(lim, ma, ua, mc, uc)
+             WHERE x.ma - x.ua < least(amt, avail) OR x.mc - x.uc < 1
+             LIMIT 1;
+        ELSIF res = 'APPROVED' AND e_lim IS NOT NULL THEN
+            PERFORM payauth_limits_charge(
+                array_fill(CASE WHEN kind = 'INCREMENTAL' THEN orig ELSE txn END,
+                           ARRAY[cardinality(e_lim)]),
+                array_fill(txn, ARRAY[cardinality(e_lim)]), e_lim, e_start,
+                array_fill(granted, ARRAY[cardinality(e_lim)]));
         END IF;
 
         IF kind IN ('PURCHASE', 'REFUND', 'VERIFICATION', 'BALANCE_INQUIRY') THEN
@@ -198,6 +270,7 @@ BEGIN
                      WHERE txn_id = o.txn_id;
                     o_ids := o_ids || o.txn_id; o_amounts := o_amounts || c::text;
                     o_corrs := o_corrs || o.correlation_id;
+                    PERFORM payauth_limits_give_back(txn, c);
                     IF c > 0 THEN
                         credit_ids := credit_ids || o.txn_id;
                         credits := credits || c;
@@ -225,6 +298,7 @@ BEGIN
                      WHERE txn_id = o.txn_id;
                     o_ids := o_ids || o.txn_id; o_amounts := o_amounts || c::text;
                     o_corrs := o_corrs || o.correlation_id;
+                    PERFORM payauth_limits_give_back(txn, c);
                     placed := placed - c;
                 END IF;
             END LOOP;
@@ -296,6 +370,7 @@ BEGIN
                         RAISE EXCEPTION 'hold % ended meanwhile', orig USING ERRCODE = 'PA409';
                     END IF;
                     hold_delta := -applied;
+                    PERFORM payauth_limits_give_back(orig, applied);
                 END IF;
             ELSIF orig_type = 'PURCHASE' AND orig_res = 'APPROVED' THEN
                 SELECT coalesce(sum(m.amount_applied), 0)
@@ -306,6 +381,7 @@ BEGIN
                  WHERE m.original_txn_id = orig AND m.kind = 'REVERSAL';
                 applied := greatest(least(amt, orig_amt - reversed), 0);
                 delta := applied;
+                PERFORM payauth_limits_give_back(orig, applied);
             ELSIF orig_type IS NULL THEN
                 is_orphan := true;
                 INSERT INTO orphan_reversals (txn_id, original_txn_id, account_id, currency,
@@ -359,7 +435,9 @@ BEGIN
                 source_topic, source_partition, source_offset, batch_id, input_balance,
                 input_status, input_currency, rule_version, original_txn_id, amount_applied,
                 forced, orphan, billing_amount, billing_currency, partial_ok,
-                amount_approved, final, input_hold_state, ledger_balance, already_cleared)
+                amount_approved, final, input_hold_state, ledger_balance, already_cleared,
+                message_time, card_id, merchant_category, merchant_country, input_card_status,
+                input_card_expires, input_blocks, input_limits, limit_id)
         VALUES (txn, p_processed_at, res, reason, p_fingerprints[i], acct, p_amounts[i], cur,
                 kind, p_correlation_ids[i], p_message_ids[i], p_source_topic, p_partitions[i],
                 p_offsets[i], p_batch_id, avail, a.status, a.currency, rule, orig, applied,
@@ -367,7 +445,9 @@ BEGIN
                 p_partial_ok[i], granted, CASE WHEN kind = 'CLEARING' THEN fin END,
                 hold_seen,
                 CASE WHEN kind = 'BALANCE_INQUIRY' AND res = 'APPROVED' THEN a.balance END,
-                cleared)
+                cleared, CASE WHEN judged THEN p_times[i] END, p_card_ids[i],
+                CASE WHEN judged THEN p_categories[i] END,
+                CASE WHEN judged THEN p_countries[i] END, c_st, c_exp, c_blk, lims, lim_id)
             ON CONFLICT (txn_id) DO NOTHING;
         IF NOT FOUND THEN
             RAISE EXCEPTION 'claim of % lost: another replica decided first', txn
@@ -435,6 +515,7 @@ BEGIN
         account_currency := a.currency;
         already_cleared := cleared::text;
         applied_ids := o_ids; applied_amounts := o_amounts; applied_correlations := o_corrs;
+        card_status := CASE WHEN reason = 'CARD_BLOCKED' THEN c_st END; limit_id := lim_id;
         RETURN NEXT;
     END LOOP;
 END

@@ -12,7 +12,12 @@
 -- message as the loop calls it, on the amount in the account's currency
 -- (payauth_account_amount) and approving what payauth_approved says; the rules it applies
 -- are payauth_authorize_each's for the same messages (integration/sql/
--- test_payauth_authorize.py holds the two to the same rows). One row per message, the
+-- test_payauth_authorize.py holds the two to the same rows). The card's controls are
+-- judged as payauth_authorize_purchases judges them (payauth_batch_controls read once, the
+-- usage carried on in memory); what a REVERSAL released is given back to the limits that
+-- counted its hold after the batch's charges, in the batch's order (payauth_authorize
+-- sends a batch where a message after such a reversal could read that usage to
+-- payauth_authorize_each). One row per message, the
 -- columns of payauth_authorize (without the orphans: none waits on this route).
 CREATE OR REPLACE FUNCTION payauth_authorize_lifecycle(
     p_txn_ids            text[],
@@ -32,11 +37,17 @@ CREATE OR REPLACE FUNCTION payauth_authorize_lifecycle(
     p_billing_amounts    numeric[],
     p_billing_currencies text[],
     p_partial_ok         boolean[],
-    p_final              boolean[]
+    p_final              boolean[],
+    p_card_ids           text[],
+    p_categories         text[],
+    p_countries          text[],
+    p_times              timestamptz[],  -- each message's own time
+    p_tz                 text            -- PAYAUTH_LIMITS_TIMEZONE
 ) RETURNS TABLE (result text, decline_reason text, amount_applied text, forced boolean,
                  orphan boolean, mismatch text, balance_delta text, held_delta text,
                  approved text, partial boolean, ledger_balance text,
-                 available_balance text, account_currency text, already_cleared text)
+                 available_balance text, account_currency text, already_cleared text,
+                 card_status text, limit_id text)
 LANGUAGE plpgsql
 AS $$
 #variable_conflict use_column
@@ -86,6 +97,30 @@ DECLARE
     decision   text;
     n_written  bigint;
     n_expected bigint;
+    -- The controls, as payauth_authorize_purchases keeps them.
+    judged     boolean;
+    verdicts   text[];
+    c_status   text[];
+    c_expires  date[];
+    c_blocks   text[];
+    pfirst     integer[];
+    plast      integer[];
+    pmsg       integer[];
+    plimit     text[];
+    pstart     date[];
+    pmax_amt   numeric[];
+    pmax_cnt   integer[];
+    qslot      integer[];
+    used_amt   numeric[];
+    used_cnt   integer[];
+    seen_amt   numeric[];
+    seen_cnt   integer[];
+    pgrant     numeric[];
+    limit_ids  text[];
+    verdict    text;
+    room       numeric;
+    croom      integer;
+    s          integer;
 BEGIN
     IF n = 0 THEN
         RETURN;
@@ -138,6 +173,15 @@ BEGIN
 
     rule := payauth_rule_version();
 
+    SELECT * INTO judged, verdicts, c_status, c_expires, c_blocks, pfirst, plast, pmsg, plimit,
+                  pstart, pmax_amt, pmax_cnt, qslot, used_amt, used_cnt
+      FROM payauth_batch_controls(p_account_ids, p_card_ids, p_categories, p_countries,
+                                  p_auth_types, p_times, p_tz);
+    limit_ids := array_fill(NULL::text, ARRAY[n]);
+    seen_amt := array_fill(NULL::numeric, ARRAY[coalesce(cardinality(pmsg), 0)]);
+    seen_cnt := array_fill(NULL::integer, ARRAY[coalesce(cardinality(pmsg), 0)]);
+    pgrant := array_fill(NULL::numeric, ARRAY[coalesce(cardinality(pmsg), 0)]);
+
     -- Decide in offset order, in memory: each message sees the balances and holds the ones
     -- before it left. Every original is a hold found or one the batch placed earlier (the
     -- route says so); one placed earlier may have been declined: a REVERSAL of it changes
@@ -160,8 +204,18 @@ BEGIN
             seen_hold[i] := CASE WHEN hlive[k] AND hacct[k] = p_account_ids[i]
                                  THEN hstate[k] END;
         END IF;
+        verdict := NULL; room := NULL; croom := NULL;
+        IF judged THEN  -- (the same steps as payauth_authorize_purchases')
+            verdict := verdicts[i];
+            FOR q IN coalesce(pfirst[i], 1)..coalesce(plast[i], 0) LOOP
+                s := qslot[q];
+                seen_amt[q] := used_amt[s]; seen_cnt[q] := used_cnt[s];
+                room := least(room, pmax_amt[q] - used_amt[s]);
+                croom := least(croom, pmax_cnt[q] - used_cnt[s]);
+            END LOOP;
+        END IF;
         decision := payauth_decide(seen_bal[i], stats[j], kind, amt, seen_hold[i],
-                                   coalesce(p_partial_ok[i], false));
+                                   coalesce(p_partial_ok[i], false), verdict, room, croom);
         IF decision IS NULL THEN  -- a broken rule stops the partition, it never approves
             RAISE EXCEPTION 'payauth_decide returned NULL for transaction %', p_txn_ids[i];
         END IF;
@@ -171,6 +225,19 @@ BEGIN
         ELSE
             res[i] := 'DECLINED'; reasons[i] := decision;
         END IF;
+        FOR q IN coalesce(pfirst[i], 1)..coalesce(plast[i], 0) LOOP
+            s := qslot[q];
+            IF decision = 'LIMIT_EXCEEDED' THEN
+                IF limit_ids[i] IS NULL
+                   AND (pmax_amt[q] - used_amt[s] < least(amt, seen_bal[i])
+                        OR pmax_cnt[q] - used_cnt[s] < 1) THEN
+                    limit_ids[i] := plimit[q];
+                END IF;
+            ELSIF grants[i] IS NOT NULL AND pstart[q] IS NOT NULL THEN
+                used_amt[s] := used_amt[s] + grants[i]; used_cnt[s] := used_cnt[s] + 1;
+                pgrant[q] := grants[i];
+            END IF;
+        END LOOP;
         IF res[i] = 'APPROVED' AND kind = 'PURCHASE' THEN
             deltas[i] := -grants[i];
         ELSIF res[i] = 'APPROVED' AND kind = 'REFUND' THEN
@@ -262,19 +329,34 @@ BEGIN
             source_topic, source_partition, source_offset, batch_id, input_balance,
             input_status, input_currency, rule_version, original_txn_id, amount_applied,
             forced, orphan, billing_amount, billing_currency, partial_ok, amount_approved,
-            final, input_hold_state, ledger_balance)
+            final, input_hold_state, ledger_balance, message_time, card_id,
+            merchant_category, merchant_country, input_card_status, input_card_expires,
+            input_blocks, input_limits, limit_id)
     SELECT t.txn, p_processed_at, t.res, t.reason, t.fp, t.acct, t.amt, t.cur, t.kind, t.corr,
            t.msg, p_source_topic, t.part, t.off, p_batch_id, t.bal, t.stat, t.acur, rule,
            t.orig, t.applied, t.forced, NULL, t.bamt, t.bcur, t.pok, t.approved,
            CASE WHEN t.kind = 'CLEARING' THEN coalesce(t.fin, true) END, t.hold,
-           CASE WHEN t.kind = 'BALANCE_INQUIRY' AND t.res = 'APPROVED' THEN t.lb END
+           CASE WHEN t.kind = 'BALANCE_INQUIRY' AND t.res = 'APPROVED' THEN t.lb END,
+           -- What the controls judged the message on, kept where any of them applied.
+           CASE WHEN t.card IS NOT NULL OR t.blocks IS NOT NULL OR l.lims IS NOT NULL
+                THEN t.mtime END,
+           t.card,
+           CASE WHEN t.card IS NOT NULL OR t.blocks IS NOT NULL OR l.lims IS NOT NULL
+                THEN t.cat END,
+           CASE WHEN t.card IS NOT NULL OR t.blocks IS NOT NULL OR l.lims IS NOT NULL
+                THEN t.country END,
+           t.cstat, t.cexp, string_to_array(t.blocks, ','), l.lims, t.lim
       FROM unnest(p_txn_ids, res, reasons, p_fingerprints, p_account_ids, p_amounts,
                   p_currencies, p_auth_types, p_correlation_ids, p_message_ids, p_partitions,
                   p_offsets, seen_bal, seen_stat, seen_cur, p_originals, applied, forced_,
                   p_billing_amounts, p_billing_currencies, p_partial_ok, grants, p_final,
-                  seen_hold, seen_ledger)
+                  seen_hold, seen_ledger, p_times, p_card_ids, p_categories, p_countries,
+                  c_status, c_expires, c_blocks, limit_ids) WITH ORDINALITY
            AS t(txn, res, reason, fp, acct, amt, cur, kind, corr, msg, part, off, bal, stat,
-                acur, orig, applied, forced, bamt, bcur, pok, approved, fin, hold, lb)
+                acur, orig, applied, forced, bamt, bcur, pok, approved, fin, hold, lb, mtime,
+                card, cat, country, cstat, cexp, blocks, lim, ord)
+      LEFT JOIN payauth_limits_read(pmsg, plimit, pstart, pmax_amt, pmax_cnt, seen_amt,
+                                    seen_cnt) l ON l.ord = t.ord
         ON CONFLICT (txn_id) DO NOTHING;
     GET DIAGNOSTICS n_written = ROW_COUNT;
     IF n_written <> n THEN
@@ -314,6 +396,16 @@ BEGIN
         RAISE EXCEPTION 'a ledger entry of the batch was written already'
               USING ERRCODE = 'PA409';
     END IF;
+    IF judged THEN
+        PERFORM payauth_limits_charge(c.under, c.txn, c.lim, c.start, c.amount)
+           FROM payauth_limits_counted(pmsg, plimit, pstart, pgrant, p_txn_ids, p_auth_types,
+                                       p_originals) c;
+    END IF;
+    FOR i IN 1..n LOOP
+        IF p_auth_types[i] = 'REVERSAL' AND applied[i] > 0 THEN
+            PERFORM payauth_limits_give_back(p_originals[i], applied[i]);
+        END IF;
+    END LOOP;
     UPDATE accounts a
        SET balance = a.balance + d.delta, held = a.held + d.hdelta,
            updated_at = p_processed_at
@@ -330,10 +422,10 @@ BEGIN
                 THEN u.ap < u.amt END,
            CASE WHEN u.kind = 'BALANCE_INQUIRY' AND u.r = 'APPROVED' THEN u.lb::text END,
            CASE WHEN u.kind = 'BALANCE_INQUIRY' AND u.r = 'APPROVED' THEN u.ab::text END,
-           u.acur, NULL::text
+           u.acur, NULL::text, CASE WHEN u.w = 'CARD_BLOCKED' THEN u.cs END, u.li
       FROM unnest(res, reasons, applied, forced_, deltas, hdeltas, grants, p_auth_types,
-                  amts, seen_ledger, seen_bal, seen_cur)
-           WITH ORDINALITY AS u(r, w, a, f, d, h, ap, kind, amt, lb, ab, acur, k)
+                  amts, seen_ledger, seen_bal, seen_cur, c_status, limit_ids)
+           WITH ORDINALITY AS u(r, w, a, f, d, h, ap, kind, amt, lb, ab, acur, cs, li, k)
      ORDER BY u.k;
 END
 $$;

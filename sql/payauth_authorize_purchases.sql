@@ -16,10 +16,16 @@
 -- its request's fingerprint is kept beside it when the entry alone does not say what was
 -- asked (a partial approval, a conversion).
 --
+-- The card's controls (payauth_batch_controls, read once): each message is judged by its
+-- card's verdict and the room its limits leave, the usage carried on in memory through the
+-- batch; the approved ones are counted (payauth_limits_charge) after the claims, and what
+-- each decision read of them is kept with its dedup record.
+--
 -- One row per message: result, decline reason, what was approved when that is not the
 -- amount as sent (a partial approval, a conversion; NULL otherwise), true for a partial
--- approval (NULL otherwise), an inquiry's ledger and available balances, and the account's
--- currency (NULL: no such account).
+-- approval (NULL otherwise), an inquiry's ledger and available balances, the account's
+-- currency (NULL: no such account), the card's status for a CARD_BLOCKED and the limit a
+-- LIMIT_EXCEEDED names.
 CREATE OR REPLACE FUNCTION payauth_authorize_purchases(
     p_txn_ids           text[],
     p_account_ids       text[],
@@ -36,9 +42,15 @@ CREATE OR REPLACE FUNCTION payauth_authorize_purchases(
     p_batch_id          uuid,
     p_billing_amounts   numeric[],
     p_billing_currencies text[],
-    p_partial_ok        boolean[]
+    p_partial_ok        boolean[],
+    p_card_ids          text[],
+    p_categories        text[],
+    p_countries         text[],
+    p_times             timestamptz[],  -- each message's own time
+    p_tz                text            -- PAYAUTH_LIMITS_TIMEZONE
 ) RETURNS TABLE (result text, decline_reason text, approved text, partial boolean,
-                 ledger_balance text, available_balance text, account_currency text)
+                 ledger_balance text, available_balance text, account_currency text,
+                 card_status text, limit_id text)
 LANGUAGE plpgsql
 AS $$
 #variable_conflict use_column
@@ -67,6 +79,31 @@ DECLARE
     n_claimed  bigint;
     n_ledger   bigint;
     n_posted   bigint := 0;        -- messages that move a balance (a ledger entry each)
+    -- The controls (payauth_batch_controls): per message, then per (message, limit) pair,
+    -- then per slot (a limit in a period) the usage as the batch leaves it.
+    judged     boolean;
+    verdicts   text[];
+    c_status   text[];
+    c_expires  date[];
+    c_blocks   text[];
+    pfirst     integer[];
+    plast      integer[];
+    pmsg       integer[];
+    plimit     text[];
+    pstart     date[];
+    pmax_amt   numeric[];
+    pmax_cnt   integer[];
+    qslot      integer[];
+    used_amt   numeric[];
+    used_cnt   integer[];
+    seen_amt   numeric[];  -- per pair: the usage its decision read
+    seen_cnt   integer[];
+    pgrant     numeric[];  -- per pair: what the approval counted in it
+    limit_ids  text[];     -- per message: the limit a LIMIT_EXCEEDED names
+    verdict    text;
+    room       numeric;
+    croom      integer;
+    s          integer;
 BEGIN
     IF n = 0 THEN
         RETURN;
@@ -85,16 +122,36 @@ BEGIN
 
     rule := payauth_rule_version();
 
+    SELECT * INTO judged, verdicts, c_status, c_expires, c_blocks, pfirst, plast, pmsg, plimit,
+                  pstart, pmax_amt, pmax_cnt, qslot, used_amt, used_cnt
+      FROM payauth_batch_controls(p_account_ids, p_card_ids, p_categories, p_countries,
+                                  p_auth_types, p_times, p_tz);
+    limit_ids := array_fill(NULL::text, ARRAY[n]);
+    seen_amt := array_fill(NULL::numeric, ARRAY[coalesce(cardinality(pmsg), 0)]);
+    seen_cnt := array_fill(NULL::integer, ARRAY[coalesce(cardinality(pmsg), 0)]);
+    pgrant := array_fill(NULL::numeric, ARRAY[coalesce(cardinality(pmsg), 0)]);
+
     -- Decide in offset order; each message sees the available balance the ones before it
-    -- left (the ledger balance less what active holds keep).
+    -- left (the ledger balance less what active holds keep), and the usage of its limits
+    -- the ones before it left.
     FOR i IN 1..n LOOP
         j := slot[i];
         seen_bal[i] := bals[j] - helds[j]; seen_ledger[i] := bals[j];
         seen_stat[i] := statuses[j]; seen_cur[i] := currencies[j];
         amt := payauth_account_amount(currencies[j], p_currencies[i], p_amounts[i],
                                       p_billing_currencies[i], p_billing_amounts[i]);
+        verdict := NULL; room := NULL; croom := NULL;
+        IF judged THEN  -- (the same steps as payauth_authorize_lifecycle's)
+            verdict := verdicts[i];
+            FOR q IN coalesce(pfirst[i], 1)..coalesce(plast[i], 0) LOOP
+                s := qslot[q];
+                seen_amt[q] := used_amt[s]; seen_cnt[q] := used_cnt[s];
+                room := least(room, pmax_amt[q] - used_amt[s]);
+                croom := least(croom, pmax_cnt[q] - used_cnt[s]);
+            END LOOP;
+        END IF;
         decision := payauth_decide(seen_bal[i], statuses[j], p_auth_types[i], amt, NULL,
-                                   coalesce(p_partial_ok[i], false));
+                                   coalesce(p_partial_ok[i], false), verdict, room, croom);
         IF decision IS NULL THEN  -- a broken rule stops the partition, it never approves
             RAISE EXCEPTION 'payauth_decide returned NULL for transaction %', p_txn_ids[i];
         ELSIF decision NOT IN ('APPROVED', 'PARTIAL') THEN
@@ -108,6 +165,20 @@ BEGIN
                                               WHEN 'REFUND' THEN grants[i] ELSE 0 END;
             bals[j] := bals[j] + deltas[i];
         END IF;
+        -- The limit a LIMIT_EXCEEDED names (the first by id); what an approval counts.
+        FOR q IN coalesce(pfirst[i], 1)..coalesce(plast[i], 0) LOOP
+            s := qslot[q];
+            IF decision = 'LIMIT_EXCEEDED' THEN
+                IF limit_ids[i] IS NULL
+                   AND (pmax_amt[q] - used_amt[s] < least(amt, seen_bal[i])
+                        OR pmax_cnt[q] - used_cnt[s] < 1) THEN
+                    limit_ids[i] := plimit[q];
+                END IF;
+            ELSIF grants[i] IS NOT NULL AND pstart[q] IS NOT NULL THEN
+                used_amt[s] := used_amt[s] + grants[i]; used_cnt[s] := used_cnt[s] + 1;
+                pgrant[q] := grants[i];
+            END IF;
+        END LOOP;
         asked[i] := CASE WHEN deltas[i] <> 0 AND (grants[i] <> p_amounts[i]
                                                   OR currencies[j] <> p_currencies[i])
                          THEN p_fingerprints[i] END;
@@ -124,26 +195,44 @@ BEGIN
                       results, reasons, p_fingerprints, p_correlation_ids, p_message_ids,
                       deltas, p_partitions, p_offsets, seen_bal, seen_stat, seen_cur,
                       p_billing_amounts, p_billing_currencies, p_partial_ok, grants,
-                      seen_ledger, asked)
+                      seen_ledger, asked, limit_ids, c_status, c_expires, c_blocks, p_times,
+                      p_card_ids, p_categories, p_countries)
+               WITH ORDINALITY
             AS t(txn_id, account_id, amount, currency, auth_type, result, decline_reason,
                  fingerprint, correlation_id, message_id, delta, source_partition,
                  source_offset, input_balance, input_status, input_currency, billing_amount,
-                 billing_currency, partial_ok, approved, ledger_balance, asked)
+                 billing_currency, partial_ok, approved, ledger_balance, asked, limit_id,
+                 card_status, card_expires, blocks, message_time, card_id, category,
+                 country, ord)
     ), claimed AS (
         INSERT INTO processed_transactions
                (txn_id, processed_at, result, decline_reason, fingerprint, account_id,
                 amount, currency, authorization_type, correlation_id, message_id,
                 source_topic, source_partition, source_offset, batch_id, input_balance,
                 input_status, input_currency, rule_version, billing_amount, billing_currency,
-                partial_ok, amount_approved, ledger_balance)
+                partial_ok, amount_approved, ledger_balance, message_time, card_id,
+                merchant_category, merchant_country, input_card_status, input_card_expires,
+                input_blocks, input_limits, limit_id)
         SELECT i.txn_id, p_processed_at, i.result, i.decline_reason, i.fingerprint,
                i.account_id, i.amount, i.currency, i.auth_type, i.correlation_id,
                i.message_id, p_source_topic, i.source_partition, i.source_offset, p_batch_id,
                i.input_balance, i.input_status, i.input_currency, rule, i.billing_amount,
                i.billing_currency, i.partial_ok, i.approved,
                CASE WHEN i.auth_type = 'BALANCE_INQUIRY' AND i.result = 'APPROVED'
-                    THEN i.ledger_balance END
+                    THEN i.ledger_balance END,
+               -- What the controls judged the message on, kept where any of them applied.
+               CASE WHEN i.card_id IS NOT NULL OR i.blocks IS NOT NULL OR l.lims IS NOT NULL
+                    THEN i.message_time END,
+               i.card_id,
+               CASE WHEN i.card_id IS NOT NULL OR i.blocks IS NOT NULL OR l.lims IS NOT NULL
+                    THEN i.category END,
+               CASE WHEN i.card_id IS NOT NULL OR i.blocks IS NOT NULL OR l.lims IS NOT NULL
+                    THEN i.country END,
+               i.card_status, i.card_expires, string_to_array(i.blocks, ','), l.lims,
+               i.limit_id
           FROM input i
+          LEFT JOIN payauth_limits_read(pmsg, plimit, pstart, pmax_amt, pmax_cnt, seen_amt,
+                                        seen_cnt) l ON l.ord = i.ord
             ON CONFLICT (txn_id) DO NOTHING
         RETURNING 1
     ), ledger AS (
@@ -171,6 +260,11 @@ BEGIN
                         n_claimed, n, n_ledger, n_posted
               USING ERRCODE = 'PA409';
     END IF;
+    IF judged THEN
+        PERFORM payauth_limits_charge(c.under, c.txn, c.lim, c.start, c.amount)
+           FROM payauth_limits_counted(pmsg, plimit, pstart, pgrant, p_txn_ids, p_auth_types,
+                                       NULL) c;
+    END IF;
 
     -- (What each row says was worked out in the loop: this statement, planned at every
     -- call as each one here is, stays a projection of arrays.)
@@ -180,10 +274,10 @@ BEGIN
            u.p,
            CASE WHEN u.kind = 'BALANCE_INQUIRY' AND u.r = 'APPROVED' THEN u.lb::text END,
            CASE WHEN u.kind = 'BALANCE_INQUIRY' AND u.r = 'APPROVED' THEN u.ab::text END,
-           u.acur
+           u.acur, CASE WHEN u.w = 'CARD_BLOCKED' THEN u.cs END, u.li
       FROM unnest(results, reasons, grants, p_amounts, seen_cur, p_currencies, p_auth_types,
-                  seen_ledger, seen_bal, partials)
-           WITH ORDINALITY AS u(r, w, a, amount, acur, cur, kind, lb, ab, p, k)
+                  seen_ledger, seen_bal, partials, c_status, limit_ids)
+           WITH ORDINALITY AS u(r, w, a, amount, acur, cur, kind, lb, ab, p, cs, li, k)
      ORDER BY u.k;
 END
 $$;

@@ -72,7 +72,8 @@ def with_day(record: StoredResult, a: Authorization, row: Any) -> StoredResult:
     """An issuer's day's fields of a decision (``payauth_authorize``'s row): what was approved
     (when not the amount as sent), a partial approval, the account's currency (when not the
     message's), the conversion as sent, an inquiry's figures, what clearings before a hold
-    released of it."""
+    released of it; and what names a card control's decline (the card's status, the
+    limit)."""
     account_currency = row["account_currency"] or a.currency
     if account_currency != a.currency:
         record.account_currency = account_currency
@@ -87,6 +88,8 @@ def with_day(record: StoredResult, a: Authorization, row: Any) -> StoredResult:
     record.ledger_balance_text = _applied(row["ledger_balance"], account_currency)
     record.available_balance_text = _applied(row["available_balance"], account_currency)
     record.already_cleared_text = _applied(row["already_cleared"], account_currency)
+    record.card_status = row["card_status"]
+    record.limit_id = row["limit_id"]
     return record
 
 
@@ -124,6 +127,8 @@ def stored_from_row(row: Any) -> StoredResult:
         ledger_balance_text=_applied(row["ledger_text"], currency),
         available_balance_text=_applied(row["available_text"], currency),
         already_cleared_text=_applied(row["cleared_text"], currency),
+        card_status=row["card_status"],
+        limit_id=row["limit_id"],
     )
     if approved is not None and record.result is Result.APPROVED:
         text = format_amount(Decimal(approved), currency)

@@ -134,7 +134,10 @@ SELECT p.txn_id, p.fingerprint, p.result, p.decline_reason, p.account_id,
        p.billing_amount::text AS billing_text, p.billing_currency::text AS billing_currency,
        p.final, p.ledger_balance::text AS ledger_text,
        CASE WHEN p.ledger_balance IS NOT NULL THEN p.input_balance::text END AS available_text,
-       p.already_cleared::text AS cleared_text, NULL AS request_fingerprint
+       p.already_cleared::text AS cleared_text, NULL AS request_fingerprint,
+       CASE WHEN p.decline_reason = 'CARD_BLOCKED' THEN p.input_card_status END
+           AS card_status,
+       p.limit_id
   FROM processed_transactions p
   LEFT JOIN LATERAL (
        SELECT array_agg(r.txn_id ORDER BY r.arrived_at, r.txn_id) AS applied_ids,
@@ -150,7 +153,8 @@ SELECT k.id, m.fingerprint, coalesce(m.result, 'APPROVED'), m.decline_reason,
        coalesce(m.currency, l.currency), coalesce(m.kind, l.type), m.correlation_id,
        coalesce(m.processed_at, l.created_at), NULL, NULL, true, m.txn_id IS NULL,
        m.original_txn_id, m.amount_applied::text, m.forced, m.orphan, NULL, NULL, NULL, NULL,
-       NULL, NULL, NULL, NULL, NULL, NULL, m.final, NULL, NULL, NULL, l.request_fingerprint
+       NULL, NULL, NULL, NULL, NULL, NULL, m.final, NULL, NULL, NULL, l.request_fingerprint,
+       NULL, NULL
   FROM unnest({split("$1")}) AS k(id)
   LEFT JOIN lifecycle_messages m ON m.txn_id = k.id
   LEFT JOIN ledger_entries l ON l.txn_id = k.id AND l.type IN ('PURCHASE', 'REFUND')
@@ -169,9 +173,22 @@ SELECT *
                          {split("$8")}, {split("$9", "::integer[]")},
                          {split("$10", "::bigint[]")}, $11, $12, $13, {split("$14")},
                          {split("$15", "::numeric[]")}, {split("$16")},
-                         {split("$17", "::boolean[]")}, {split("$18", "::boolean[]")})
+                         {split("$17", "::boolean[]")}, {split("$18", "::boolean[]")},
+                         {split("$19")}, {split("$20")}, {split("$21")},
+                         {split("$22", "::timestamptz[]")}, $23)
 """
 _CLAIM_LOST_SQLSTATE = "PA409"
+
+
+def _message_time(auth: Authorization, processed_at: datetime) -> str:
+    """The message's own time, whose period its spending limits count in: its
+    headers.timestamp (a naive one is UTC), or, for a message that has none, when it is
+    decided."""
+    sent = auth.sent_at
+    if sent is None:
+        return processed_at.isoformat()
+    return (sent if sent.tzinfo is not None else sent.replace(tzinfo=UTC)).isoformat()
+
 _FLAG = {True: "t", False: "f"}  # a boolean column's texts
 
 _RESULTS = {r.value: r for r in Result}  # a dict lookup, not an enum call per row
@@ -251,8 +268,9 @@ def _raise_translated(exc: BaseException) -> NoReturn:
 class PostgresStore:
     """Implements ``ports.Store``."""
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: asyncpg.Pool, limits_timezone: str = "UTC") -> None:
         self._pool = pool
+        self._limits_timezone = limits_timezone
 
     @classmethod
     async def connect(
@@ -263,6 +281,7 @@ class PostgresStore:
         max_size: int = 8,
         statement_timeout_ms: int = 10_000,
         lock_timeout_ms: int = 5_000,
+        limits_timezone: str = "UTC",
     ) -> Self:
         try:
             pool = await asyncpg.create_pool(
@@ -288,7 +307,7 @@ class PostgresStore:
             )
         except Exception as exc:
             _raise_translated(exc)
-        return cls(pool)
+        return cls(pool, limits_timezone)
 
     async def close(self) -> None:
         await self._pool.close()
@@ -367,7 +386,12 @@ class PostgresStore:
                 joined([a.billing_amount_text for a in new]),
                 joined([a.billing_currency for a in new]),
                 joined([_FLAG[a.partial_ok] for a in new]),
-                joined([_FLAG[a.final] for a in new])))
+                joined([_FLAG[a.final] for a in new]),
+                joined([a.card_id for a in new]),
+                joined([a.merchant_category for a in new]),
+                joined([a.merchant_country for a in new]),
+                joined([_message_time(a, processed_at) for a in new]),
+                self._limits_timezone))
         except Exception as exc:
             _raise_translated(exc)
         # The purchases route answers no deltas; every other route answers them for every
@@ -411,7 +435,8 @@ class PostgresStore:
                                                       strict=True)]
         for a, record, row in zip(new, records, rows, strict=True):
             if row["account_currency"] != a.currency or row["approved"] is not None \
-                    or row["ledger_balance"] is not None or a.billing_currency is not None:
+                    or row["ledger_balance"] is not None or a.billing_currency is not None \
+                    or row["card_status"] is not None or row["limit_id"] is not None:
                 with_day(record, a, row)
         return records
 
@@ -487,7 +512,7 @@ async def _prepare_statements(conn: asyncpg.Connection) -> None:
     try:
         await conn.fetch(_LOAD_STORED, "")
         await conn.fetch(AUTHORIZE_STATEMENT, *([""] * 10), datetime.now(UTC), "", uuid.uuid4(),
-                         *([""] * 5))
+                         *([""] * 9), "UTC")
         await conn.execute(_MARK_PUBLISHED, empty, empty, datetime.now(UTC))
     except (asyncpg.UndefinedTableError, asyncpg.UndefinedFunctionError):
         pass  # not migrated yet: the first batch will say so; the connection is still fine

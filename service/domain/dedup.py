@@ -78,6 +78,9 @@ class StoredResult:
     ledger_balance_text: str | None = None
     available_balance_text: str | None = None
     already_cleared_text: str | None = None
+    # A card control's decline: the card's status (CARD_BLOCKED), the limit (LIMIT_EXCEEDED).
+    card_status: str | None = None
+    limit_id: str | None = None
 
 
 class Kind(StrEnum):

@@ -66,7 +66,9 @@ def deltas(stored: StoredResult) -> tuple[str, str]:
 def _issuers_day(stored: StoredResult, event: dict[str, object]) -> dict[str, object]:
     """The fields of an issuer's day an event carries beside the contract's first ones:
     what was approved (every decision; null for a decline), the conversion as sent, an
-    inquiry's figures, what clearings before a hold released of it."""
+    inquiry's figures, what clearings before a hold released of it; and what names a card
+    control's decline (``card_status`` of a CARD_BLOCKED, ``limit_id`` of a
+    LIMIT_EXCEEDED)."""
     approved = stored.result is Result.APPROVED
     event["amount_approved"] = approved_amount(stored) if approved else None
     event["partial"] = stored.partial
@@ -78,6 +80,10 @@ def _issuers_day(stored: StoredResult, event: dict[str, object]) -> dict[str, ob
         event["available_balance"] = stored.available_balance_text
     if stored.already_cleared_text is not None:
         event["amount_already_cleared"] = stored.already_cleared_text
+    if stored.card_status is not None:
+        event["card_status"] = stored.card_status
+    if stored.limit_id is not None:
+        event["limit_id"] = stored.limit_id
     return event
 
 

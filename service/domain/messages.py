@@ -58,6 +58,8 @@ class Authorization:
     billing_amount_text: str | None = None  # the network's conversion, in its minor unit
     billing_currency: str | None = None
     final: bool = True  # a CLEARING's
+    card_id: str | None = None  # what the card controls judge (docs/operations.md)
+    merchant_country: str | None = None
 
     @property
     def event_id(self) -> str:
@@ -352,4 +354,6 @@ def _validate(document: dict[str, Any], key: RedeliveryKey | None) -> Authorizat
         billing_amount_text=billing_text,
         billing_currency=billing_currency,
         final=final,
+        card_id=body.get("card_id"),
+        merchant_country=body.get("merchant_country"),
     )

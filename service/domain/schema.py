@@ -32,6 +32,7 @@ from service.domain.money import (
     quantum,
 )
 from service.domain.vocabulary import (
+    COUNTRY_PATTERN,
     IDENTIFIER_CHARS,
     IDENTIFIER_MAX_LENGTH,
     MAX_AMOUNT,
@@ -113,6 +114,11 @@ class BodyFields(TypedDict):
     billing_currency: NotRequired[Annotated[str, StringConstraints(strict=True)] | None]
     # CLEARING only: false for one of several clearings of a hold (absent or null: true).
     final: NotRequired[StrictBool | None]
+    # The card a network token names (never a card number: the card-number check reads it
+    # as every field) and the merchant's country: what the card controls judge.
+    card_id: NotRequired[Identifier | None]
+    merchant_country: NotRequired[Annotated[
+        str, StringConstraints(strict=True, pattern=COUNTRY_PATTERN)] | None]
 
 
 def _original_fits_kind(body: BodyFields) -> None:

@@ -82,6 +82,42 @@ class DeclineReason(StrEnum):
     CURRENCY_MISMATCH = "CURRENCY_MISMATCH"
     ACCOUNT_BLOCKED = "ACCOUNT_BLOCKED"
     HOLD_NOT_ACTIVE = "HOLD_NOT_ACTIVE"  # an INCREMENTAL whose hold is unknown or ended
+    # Card controls (docs/operations.md, "Card controls and spending limits").
+    UNKNOWN_CARD = "UNKNOWN_CARD"  # no such card, or a card of another account
+    CARD_BLOCKED = "CARD_BLOCKED"  # the card's status is not ACTIVE (the event names it)
+    CARD_EXPIRED = "CARD_EXPIRED"  # expires_on before the message's own date
+    CATEGORY_BLOCKED = "CATEGORY_BLOCKED"
+    COUNTRY_BLOCKED = "COUNTRY_BLOCKED"
+    LIMIT_EXCEEDED = "LIMIT_EXCEEDED"  # a spending limit (the event names it)
+
+
+class CardStatus(StrEnum):
+    """Only an ACTIVE card is used; any other status declines CARD_BLOCKED."""
+
+    ACTIVE = "ACTIVE"
+    FROZEN = "FROZEN"  # by the cardholder (the app's button), reversible
+    LOST = "LOST"
+    STOLEN = "STOLEN"
+    CLOSED = "CLOSED"
+
+
+class LimitScope(StrEnum):
+    CARD = "CARD"
+    ACCOUNT = "ACCOUNT"
+
+
+class LimitPeriod(StrEnum):
+    """Periods read from the message's own time in PAYAUTH_LIMITS_TIMEZONE."""
+
+    TRANSACTION = "TRANSACTION"  # each message alone: counts nothing
+    DAY = "DAY"
+    WEEK = "WEEK"  # from Monday
+    MONTH = "MONTH"
+
+
+class BlockKind(StrEnum):
+    CATEGORY = "CATEGORY"  # merchant_category, four digits
+    COUNTRY = "COUNTRY"  # merchant_country, ISO 3166-1 alpha-2
 
 
 class AccountStatus(StrEnum):
@@ -134,3 +170,4 @@ IDENTIFIER_CHARS = "[!-~]"
 IDENTIFIER_MAX_LENGTH = 64
 IDENTIFIER_PATTERN = f"^{IDENTIFIER_CHARS}{{1,{IDENTIFIER_MAX_LENGTH}}}$"  # as the schema says
 CURRENCY_PATTERN = r"^[A-Z]{3}$"
+COUNTRY_PATTERN = r"^[A-Z]{2}$"  # ISO 3166-1 alpha-2, as the networks send it

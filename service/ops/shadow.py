@@ -4,8 +4,11 @@ replay, moving no money and writing nothing.
 A replay re-reads messages, but a decided transaction is a duplicate and keeps its stored
 result. So after a fix to the rule, the question is which stored decisions the rule now
 decides otherwise. Each decision keeps the inputs it read (the account's balance, status
-and currency, and the rule's version: ``sql/payauth_decide.sql``); the shadow
-replay calls ``payauth_decide`` as the database has it now on those inputs and compares.
+and currency, the card's status and expiry, the blocks that matched, each spending limit
+with the usage it read, and the rule's version: ``sql/payauth_decide.sql``); the shadow
+replay calls ``payauth_card_verdict`` and ``payauth_decide`` as the database has them now on
+those inputs and compares, today's card statuses and usage unread. (The message's date, which
+a card's expiry is judged against, is read in PAYAUTH_LIMITS_TIMEZONE as set now.)
 
 Each transaction is decided again alone, on its own stored inputs: when an earlier decision
 on the same account changes (a refund now approved), the balances later decisions read are
@@ -22,7 +25,8 @@ change: a message a replay would dead-letter again (invalid; a conflict; a REVER
 CLEARING or ADVICE that names what it cannot, ``payauth_mismatch`` as the worker asks it);
 a decision whose dedup record was purged, its effect read where it is kept (the ledger, the
 lifecycle records, or, for a decline, which leaves no effect, its event on the output
-topic); a message never decided, which a replay would decide.
+topic); a message never decided, which a replay would decide (against its account as it is
+now; the card controls are not judged for it here).
 
 The range: what ``payauth replay`` would re-read (``--to-datetime``, ``--to-earliest``,
 ``--shift-by``: from the target to the group's committed offset), explicit offsets
@@ -75,9 +79,21 @@ SELECT d.*,
                              payauth_account_amount(p.input_currency::text, p.currency::text,
                                                     p.amount, p.billing_currency::text,
                                                     p.billing_amount),
-                             p.input_hold_state, coalesce(p.partial_ok, false))
+                             p.input_hold_state, coalesce(p.partial_ok, false),
+                             payauth_card_verdict(p.card_id, p.input_card_status,
+                                                  p.input_card_expires,
+                                                  (p.message_time AT TIME ZONE $2)::date,
+                                                  p.input_blocks),
+                             r.room, r.count_room)
                END AS now
           FROM processed_transactions p
+          -- The room the limits left, as the decision read them.
+          LEFT JOIN LATERAL (
+               SELECT min((l->>'max_amount')::numeric - (l->>'used_amount')::numeric)
+                          AS room,
+                      min((l->>'max_count')::integer - (l->>'used_count')::integer)
+                          AS count_room
+                 FROM jsonb_array_elements(p.input_limits) AS l) r ON true
          WHERE p.txn_id = ANY($1::text[])) d
 """
 # Decided, the dedup record purged: the effect is kept in the ledger (an approved purchase,
@@ -104,7 +120,7 @@ SELECT d.mismatch, d.now,
                               (SELECT h.state FROM holds h WHERE h.txn_id = t.original
                                   AND h.account_id = t.account_id
                                   AND t.auth_type = 'INCREMENTAL'),
-                              t.partial_ok) AS now, t.ord
+                              t.partial_ok, NULL, NULL, NULL) AS now, t.ord
           FROM unnest($1::text[], $2::numeric[], $3::text[], $4::text[], $5::text[],
                       $6::numeric[], $7::text[], $8::boolean[]) WITH ORDINALITY
                AS t(account_id, amount, currency, auth_type, original, bamt, bcur, partial_ok,
@@ -262,7 +278,8 @@ async def classify_messages(conn: asyncpg.Connection, report: ShadowReport,
     report.messages += len(msgs)
     ids = list({a.transaction_id for a in valid})
     async with conn.transaction(isolation="repeatable_read", readonly=True):
-        stored = {r["txn_id"]: r for r in await conn.fetch(_DECIDE_AGAIN, ids)}
+        stored = {r["txn_id"]: r for r in await conn.fetch(_DECIDE_AGAIN, ids,
+                                                            settings.limits_timezone)}
         missing = [i for i in ids if i not in stored]
         in_ledger = {r["txn_id"] for r in await conn.fetch(_EFFECT_KEPT, missing)}
         undecided: dict[str, Authorization] = {}
@@ -317,11 +334,13 @@ def _amount(text: str | None) -> str | None:
 
 
 async def classify_transactions(conn: asyncpg.Connection, report: ShadowReport,
-                                transaction_ids: Sequence[str]) -> None:
+                                transaction_ids: Sequence[str], limits_timezone: str = "UTC"
+                                ) -> None:
     """The list-of-ids mode: no topic read; an id never decided is listed as unknown."""
     ids = list(dict.fromkeys(transaction_ids))
     async with conn.transaction(isolation="repeatable_read", readonly=True):
-        stored = {r["txn_id"]: r for r in await conn.fetch(_DECIDE_AGAIN, ids)}
+        stored = {r["txn_id"]: r for r in await conn.fetch(_DECIDE_AGAIN, ids,
+                                                            limits_timezone)}
         in_ledger = {r["txn_id"] for r in await conn.fetch(
             _EFFECT_KEPT, [i for i in ids if i not in stored])}
     for key in ids:
@@ -342,7 +361,8 @@ async def shadow(settings: Settings, *, ranges: Sequence[OffsetRange] | None = N
         rule = await rule_version_now(conn)
         if transaction_ids is not None:
             report = ShadowReport(f"{len(transaction_ids)} transaction id(s)", rule)
-            await classify_transactions(conn, report, transaction_ids)
+            await classify_transactions(conn, report, transaction_ids,
+                                        settings.limits_timezone)
             return report
         assert ranges is not None
         report = ShadowReport(f"{settings.input_topic}, partition: offsets " + (", ".join(

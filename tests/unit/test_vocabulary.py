@@ -69,7 +69,8 @@ def test_the_lifecycle_schema_speaks_the_vocabulary() -> None:
     holds_kind, messages_kind, *_superseded = in_lists(lifecycle, "kind")
     assert holds_kind == {"AUTHORIZATION", "ADVICE"}
     assert messages_kind <= set(v.LIFECYCLE_KINDS)
-    assert latest("kind") == set(v.LIFECYCLE_KINDS)  # lifecycle_messages' now
+    # lifecycle_messages' now (014's; card_blocks' kinds came after, below)
+    assert in_lists(sql("014_an_issuers_whole_day.sql"), "kind") == [set(v.LIFECYCLE_KINDS)]
     states = in_lists(lifecycle, "state")
     assert states[0] == values(v.HoldState)
     assert states[1] == values(v.OrphanState)
@@ -79,14 +80,18 @@ def test_the_lifecycle_schema_speaks_the_vocabulary() -> None:
         values(v.HoldState) | values(v.OrphanState)
 
 
+WORDS = (values(v.Result) | values(v.DeclineReason) | values(v.AccountStatus)
+         | values(v.AuthorizationType) | values(v.HoldState) | values(v.OrphanState)
+         | values(v.CardStatus) | values(v.LimitScope) | values(v.LimitPeriod)
+         | values(v.BlockKind) | {v.PARTIAL})
+
+
 def test_the_decision_function_speaks_only_the_vocabulary() -> None:
     function = sql("payauth_decide.sql", DEFINITIONS)
-    literals = set(re.findall(r"'([A-Z][A-Z0-9_]*)'", function))
-    words = (values(v.Result) | values(v.DeclineReason) | values(v.AccountStatus)
-             | values(v.AuthorizationType) | values(v.HoldState) | values(v.OrphanState)
-             | {v.PARTIAL})
-    assert literals - {"PA409"} <= words, literals - words  # PA409: the lost claim's SQLSTATE
-    # Every decline reason can be given, and an approval.
+    card = sql("payauth_card_verdict.sql", DEFINITIONS)
+    literals = set(re.findall(r"'([A-Z][A-Z0-9_]*)'", function + card))
+    assert literals - {"PA409"} <= WORDS, literals - WORDS  # PA409: the lost claim's SQLSTATE
+    # Every decline reason can be given (the card's by its verdict), and an approval.
     assert values(v.DeclineReason) | {v.Result.APPROVED.value} <= literals
     # The status that allows a decision is the vocabulary's, by name.
     assert f"<> '{v.AccountStatus.ACTIVE}'" in function
@@ -107,10 +112,16 @@ def test_the_definitions_speak_only_the_vocabulary() -> None:
     """Every upper-case literal of every function and view in ``sql/`` is a word of the
     vocabulary (or the lost claim's SQLSTATE, or PostgreSQL's name of what fired a trigger,
     TG_OP)."""
-    words = (values(v.Result) | values(v.DeclineReason) | values(v.AccountStatus)
-             | values(v.AuthorizationType) | values(v.HoldState) | values(v.OrphanState)
-             | {v.PARTIAL})
     postgres_own = {"PA409", "INSERT", "UPDATE", "DELETE", "TRUNCATE"}
     for path in sorted(DEFINITIONS.glob("*.sql")):
         literals = set(re.findall(r"'([A-Z][A-Z0-9_]*)'", sql(path.name, DEFINITIONS)))
-        assert literals - postgres_own <= words, (path.name, literals - words)
+        assert literals - postgres_own <= WORDS, (path.name, literals - WORDS)
+
+
+def test_the_card_controls_schema_speaks_the_vocabulary() -> None:
+    controls = sql("016_card_controls.sql")
+    assert in_lists(controls, "status") == [values(v.CardStatus)]
+    assert in_lists(controls, "scope") == [values(v.LimitScope)] * 2
+    assert in_lists(controls, "period") == [values(v.LimitPeriod)]
+    assert in_lists(controls, "kind") == [values(v.BlockKind)]
+    assert latest("decline_reason") == values(v.DeclineReason)

@@ -37,12 +37,16 @@ def script(batch: int, accounts: int) -> str:
         16: f"array_fill(NULL::text, ARRAY[{batch}])",
         17: f"array_fill('f'::text, ARRAY[{batch}])",  # no partial approval
         18: f"array_fill(NULL::text, ARRAY[{batch}])",  # (a clearing's final flag)
+        19: f"array_fill(NULL::text, ARRAY[{batch}])",  # no card
+        20: f"array_fill('5411'::text, ARRAY[{batch}])",
+        21: f"array_fill(NULL::text, ARRAY[{batch}])",  # no merchant country
+        22: f"array_fill(now()::text, ARRAY[{batch}])",
     }
     values = {number: f"array_to_string({array}, E'\\x1f', E'\\x1e')"
               for number, array in arrays.items()}
-    values |= {11: "now()", 12: "'pgbench'", 13: "gen_random_uuid()"}
+    values |= {11: "now()", 12: "'pgbench'", 13: "gen_random_uuid()", 23: "'UTC'"}
     statement = sql.AUTHORIZE_STATEMENT
-    for number in sorted(values, reverse=True):  # $18 before $1
+    for number in sorted(values, reverse=True):  # $23 before $2
         statement = statement.replace(f"${number}", values[number])
     return "\n".join(["\\set n random(1, 2000000000)", " ".join(statement.split()) + ";", ""])
 

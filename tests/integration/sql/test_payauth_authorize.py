@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import random
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -243,7 +243,8 @@ def test_a_lifecycle_batch_decides_purchases_and_refunds_as_the_reference(env: s
 CALL = """SELECT * FROM {fn}($1::text[], $2::text[], $3::numeric[], $4::text[], $5::text[],
                             $6::text[], $7::text[], $8::text[], $9::integer[], $10::bigint[],
                             $11, $12, $13, $14::text[], $15::numeric[], $16::text[],
-                            $17::boolean[], $18::boolean[])"""
+                            $17::boolean[], $18::boolean[], $19::text[], $20::text[],
+                            $21::text[], $22::timestamptz[], $23)"""
 # Each route's calls as counted so far in the transaction (track_functions).
 ROUTE_CALLS = ("SELECT funcname, calls FROM pg_stat_xact_user_functions "
                "WHERE funcname IN ('payauth_authorize_purchases', 'payauth_authorize_lifecycle', "
@@ -256,8 +257,14 @@ SNAPSHOT = {
     "processed": "SELECT txn_id, result, decline_reason, amount_applied, forced, orphan, "
                  "original_txn_id, input_balance, input_status, input_currency, rule_version, "
                  "billing_amount, billing_currency, partial_ok, amount_approved, final, "
-                 "input_hold_state, ledger_balance, already_cleared "
+                 "input_hold_state, ledger_balance, already_cleared, message_time, card_id, "
+                 "merchant_category, merchant_country, input_card_status, input_card_expires, "
+                 "input_blocks, input_limits::text, limit_id "
                  "FROM processed_transactions ORDER BY txn_id",
+    "usage": "SELECT limit_id, period_start, amount, count FROM limit_usage "
+             "ORDER BY limit_id, period_start",
+    "charges": "SELECT txn_id, charged_by, limit_id, period_start, amount, count "
+               "FROM limit_charges ORDER BY txn_id, limit_id, charged_by",
     "lifecycle": "SELECT txn_id, kind, result, decline_reason, amount_applied, forced, orphan, "
                  "ended_hold, original_txn_id, final, amount_approved "
                  "FROM lifecycle_messages ORDER BY txn_id",
@@ -280,6 +287,10 @@ class Msg:
     billing: tuple[str, str] | None = None  # (amount, currency)
     partial: bool = False
     final: bool | None = None
+    card: str | None = None
+    category: str = "5411"
+    country: str | None = None
+    time: datetime = datetime(2026, 12, 1, 12, tzinfo=UTC)
 
 
 PATH_ACCOUNTS = [("P-RICH", "100000.00", "ACTIVE"), ("P-POOR", "50.00", "ACTIVE"),
@@ -294,16 +305,34 @@ class Stream:
     ones, advices past the balance, increments, partial approvals, conversions,
     verifications and balance inquiries."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, accounts: list[tuple[str, str, str]] = PATH_ACCOUNTS,
+                 cards: dict[str, list[str | None]] | None = None) -> None:
         self.rng = random.Random(seed)
         self.holds: dict[str, str] = {}  # placed (approved for sure) -> its account
         self.n = 0
+        self.accounts = accounts
+        self.cards = cards  # per account, the cards its messages name (None: no card)
+        self.prefix = accounts[0][0][:2]
 
     def _txn(self) -> str:
         self.n += 1
-        return f"P-{self.n:05d}"
+        return f"{self.prefix}{self.n:05d}"
 
     def message(self) -> Msg:
+        msg = self._message()
+        if self.cards is None:
+            return msg
+        # The controls: a card of the account, of another or of nobody; a blocked category
+        # or country now and then; a time on either side of midnight in Madrid (the
+        # limits' zone in _args), so that a DAY limit counts in two periods.
+        rng = self.rng
+        return replace(msg, card=rng.choice(self.cards.get(msg.account, [None])),
+                       category=rng.choice(["5411", "5411", "5411", "7995"]),
+                       country=rng.choice([None, "ES", "ES", "ES", "KP"]),
+                       time=rng.choice([datetime(2026, 12, 1, 22, 59, 59, tzinfo=UTC),
+                                        datetime(2026, 12, 1, 23, 0, 1, tzinfo=UTC)]))
+
+    def _message(self) -> Msg:
         rng = self.rng
         roll = rng.random()
         txn = self._txn()
@@ -322,9 +351,10 @@ class Stream:
                            billing=("9.50", "EUR"), final=rng.random() < 0.5)
             return Msg(txn, account, "CLEARING", rng.choice(["10.00", "60.00"]), original,
                        final=rng.choice([None, False, True]))
-        account = rng.choice(PATH_ACCOUNTS)[0]
+        account = rng.choice(self.accounts)[0]
         if roll < 0.62:
-            kind = "ADVICE" if rng.random() < 0.3 or account != "P-RICH" else "AUTHORIZATION"
+            kind = "ADVICE" if rng.random() < 0.3 or account != self.accounts[0][0] \
+                else "AUTHORIZATION"
             self.holds[txn] = account  # an advice is always placed; so is a hold on P-RICH
             return Msg(txn, account, kind, rng.choice(["30.00", "70.00", "400.00"]))
         if roll < 0.67:
@@ -359,7 +389,8 @@ def _args(batch: list[Msg]) -> list[Any]:
             [Decimal(b.billing[0]) if b.billing else None for b in batch],
             [b.billing[1] if b.billing else None for b in batch],
             [b.partial and b.kind in ("PURCHASE", "AUTHORIZATION") for b in batch],
-            [b.final for b in batch]]
+            [b.final for b in batch], [b.card for b in batch], [b.category for b in batch],
+            [b.country for b in batch], [b.time for b in batch], "Europe/Madrid"]
 
 
 async def _routes(conn: asyncpg.Connection) -> dict[str, int]:
@@ -375,7 +406,7 @@ async def _decide(conn: asyncpg.Connection, fn: str, args: list[Any]
     after = await _routes(conn)
     taken = [name for name, calls in after.items() if calls > before.get(name, 0)]
     tables = {name: [tuple(r) for r in await conn.fetch(sql)] for name, sql in SNAPSHOT.items()}
-    return [tuple(r)[:14] for r in rows], tables, ",".join(sorted(taken))
+    return [tuple(r)[:14] + tuple(r)[17:] for r in rows], tables, ",".join(sorted(taken))
 
 
 async def _both(conn: asyncpg.Connection, batch: list[Msg]) -> str:
@@ -393,9 +424,10 @@ async def _both(conn: asyncpg.Connection, batch: list[Msg]) -> str:
     # The purchases route leaves the deltas to the events (NULL): they follow from each
     # message's kind and what was approved (which it answers only when it is not the
     # amount as sent).
+    # (Nor does it say "not partial" in words: NULL, false for the worker.)
     purchases = routed[2] == "payauth_authorize_purchases"
-    assert [r[:6] + r[9:] if purchases else r for r in routed[0]] == \
-        [r[:6] + r[9:] if purchases else r for r in by_loop[0]], batch
+    assert [r[:6] + (bool(r[9]),) + r[10:] if purchases else r for r in routed[0]] == \
+        [r[:6] + (bool(r[9]),) + r[10:] if purchases else r for r in by_loop[0]], batch
     assert routed[1] == by_loop[1], batch
     return routed[2]
 
@@ -465,6 +497,96 @@ def test_each_route_decides_as_the_loop(env: stack.Env) -> None:
                 want = "payauth_authorize_purchases" if batch[0].txn == "P-Y1" \
                     else "payauth_authorize_each"
                 assert route == want, batch
+        finally:
+            await conn.close()
+
+    asyncio.run(scenario())
+
+
+CONTROLS_ACCOUNTS = [("Q-RICH", "100000.00", "ACTIVE"), ("Q-POOR", "50.00", "ACTIVE"),
+                     ("Q-BLOCKED", "1000.00", "BLOCKED"), ("Q-MORE1", "100000.00", "ACTIVE"),
+                     ("Q-MORE2", "100000.00", "ACTIVE"), ("Q-MORE3", "100000.00", "ACTIVE")]
+CONTROLS = """
+INSERT INTO cards (card_id, account_id, status, expires_on) VALUES
+    ('Q-C-OK', 'Q-RICH', 'ACTIVE', '2027-12-31'), ('Q-C-FROZEN', 'Q-RICH', 'FROZEN', NULL),
+    ('Q-C-EXP', 'Q-RICH', 'ACTIVE', '2026-12-01'), ('Q-C-POOR', 'Q-POOR', 'ACTIVE', NULL),
+    ('Q-C-M1', 'Q-MORE1', 'ACTIVE', NULL), ('Q-C-M2', 'Q-MORE2', 'ACTIVE', NULL);
+INSERT INTO spending_limits (limit_id, scope, scope_id, period, max_amount, max_count,
+                             merchant_category) VALUES
+    ('L-CARD-DAY', 'CARD', 'Q-C-OK', 'DAY', 900, 12, NULL),
+    ('L-RICH-MONTH', 'ACCOUNT', 'Q-RICH', 'MONTH', 2500, NULL, NULL),
+    ('L-RICH-GAMBLING', 'ACCOUNT', 'Q-RICH', 'DAY', NULL, 2, '7995'),
+    ('L-POOR-EACH', 'ACCOUNT', 'Q-POOR', 'TRANSACTION', 45, NULL, NULL),
+    ('L-POOR-WEEK', 'CARD', 'Q-C-POOR', 'WEEK', NULL, 6, NULL),
+    ('L-M1-DAY', 'CARD', 'Q-C-M1', 'DAY', 500, NULL, NULL),
+    ('L-M2-DAY', 'CARD', 'Q-C-M2', 'DAY', NULL, 3, NULL),
+    ('L-M3-MONTH', 'ACCOUNT', 'Q-MORE3', 'MONTH', 700, NULL, NULL);
+INSERT INTO card_blocks (scope, scope_id, kind, value) VALUES
+    ('ACCOUNT', 'Q-RICH', 'COUNTRY', 'KP'), ('CARD', 'Q-C-POOR', 'CATEGORY', '7995');
+"""
+
+
+def test_each_route_judges_the_card_controls_as_the_loop(env: stack.Env) -> None:
+    """Random batches on cards frozen, expired, of another account or of nobody, with
+    blocked categories and countries, and limits by card and by account, per transaction,
+    day (two days: the messages' own times either side of midnight in the limits' zone),
+    week and month, one by category: every route decides, counts and gives back as the
+    loop does, row for row, usage and charges included; the usage never passes a limit and
+    always equals what the charges kept."""
+    async def scenario() -> None:
+        for account, balance, status in CONTROLS_ACCOUNTS:
+            await stack.seed_accounts(env.dsn, [(account, balance, "EUR")], status=status)
+        conn = await asyncpg.connect(env.dsn)
+        try:
+            await conn.execute(CONTROLS)
+            await conn.execute("SET track_functions = 'pl'")
+            stream = Stream(seed=39, accounts=CONTROLS_ACCOUNTS, cards={
+                "Q-RICH": [None, "Q-C-OK", "Q-C-OK", "Q-C-OK", "Q-C-FROZEN", "Q-C-EXP",
+                           "Q-C-POOR", "Q-C-NOBODY"],
+                "Q-POOR": [None, "Q-C-POOR", "Q-C-POOR"], "Q-MORE1": [None, "Q-C-M1"],
+                "Q-MORE2": ["Q-C-M2"]})
+            routes: set[str] = set()
+            for size in (1, 40, 150):  # the purchases route's kinds alone, first
+                batch = [m for m in (stream.message() for _ in range(size * 4))
+                         if m.kind in ("PURCHASE", "REFUND", "VERIFICATION",
+                                       "BALANCE_INQUIRY")][:size]
+                routes.add(await _both(conn, batch))
+            stream.holds.clear()  # (those it made were never sent)
+            for size in [1, 3, 20, 60, 150] * 3:
+                batch = [stream.message() for _ in range(size)]
+                routes.add(await _both(conn, batch))
+            assert {"payauth_authorize_lifecycle", "payauth_authorize_purchases"} <= routes
+            reasons = {r["decline_reason"] for r in await conn.fetch(
+                "SELECT DISTINCT decline_reason FROM processed_transactions")}
+            assert {"UNKNOWN_CARD", "CARD_BLOCKED", "CARD_EXPIRED", "CATEGORY_BLOCKED",
+                    "COUNTRY_BLOCKED", "LIMIT_EXCEEDED"} <= reasons
+            limited = {r["limit_id"] for r in await conn.fetch(
+                "SELECT DISTINCT limit_id FROM processed_transactions "
+                "WHERE limit_id IS NOT NULL")}
+            # Per transaction, day, week and month; by amount and by count.
+            assert {"L-CARD-DAY", "L-POOR-EACH", "L-POOR-WEEK", "L-M2-DAY", "L-M3-MONTH"} \
+                <= limited, limited
+            # Two days of the card's DAY limit, counted; given back by reversals.
+            assert await conn.fetchval("SELECT count(DISTINCT period_start) FROM limit_usage "
+                                       "WHERE limit_id = 'L-CARD-DAY'") == 2
+            assert await conn.fetchval("SELECT count(*) FROM limit_charges "
+                                       "WHERE count = 0 AND amount = 0") > 0
+            over = await conn.fetch(
+                "SELECT u.* FROM limit_usage u JOIN spending_limits l USING (limit_id) "
+                "WHERE u.amount > l.max_amount OR u.count > l.max_count")
+            # (An ADVICE is counted past a limit: none of these limits counts one past it
+            # unless an advice did; then the usage may pass it, as the contract says.)
+            advices_past = await conn.fetchval(
+                "SELECT count(*) FROM processed_transactions WHERE authorization_type = "
+                "'ADVICE' AND input_limits IS NOT NULL")
+            assert not over or advices_past, over
+            mismatched = await conn.fetch(
+                "SELECT u.limit_id, u.period_start FROM limit_usage u "
+                "FULL JOIN (SELECT limit_id, period_start, sum(amount) AS amount, "
+                "                  sum(count) AS count FROM limit_charges "
+                "            GROUP BY limit_id, period_start) c USING (limit_id, period_start) "
+                "WHERE u.amount IS DISTINCT FROM c.amount OR u.count IS DISTINCT FROM c.count")
+            assert not mismatched, mismatched
         finally:
             await conn.close()
 

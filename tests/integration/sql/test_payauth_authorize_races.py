@@ -24,8 +24,8 @@ class HeldOpenStore(PostgresStore):
     """Decides its batch inside a transaction it keeps open until ``release`` is set (the
     batch's account locks held, its writes not yet seen by anybody), then commits."""
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
-        super().__init__(pool)
+    def __init__(self, pool: asyncpg.Pool, limits_timezone: str = "UTC") -> None:
+        super().__init__(pool, limits_timezone)
         self.decided = asyncio.Event()
         self.release = asyncio.Event()
 

@@ -59,7 +59,8 @@ def test_the_rule_decides_every_kind_as_the_reference(env: stack.Env) -> None:
     messages = [_message(k, a, m, c, p, b) for k, a, c, m, p, b, _h in cases]
     rows = stack.fetch(env.dsn, """
         SELECT d.outcome, payauth_approved(d.outcome, d.amt, d.balance)::text AS approved
-          FROM (SELECT payauth_decide(t.balance, t.status, t.kind, x.amt, t.hold, t.partial)
+          FROM (SELECT payauth_decide(t.balance, t.status, t.kind, x.amt, t.hold, t.partial,
+                                      NULL, NULL, NULL)
                        AS outcome, x.amt, t.balance, t.ord
                   FROM unnest($1::text[], $2::text[], $3::numeric[], $4::text[],
                               $5::numeric[], $6::text[], $7::text[], $8::text[],

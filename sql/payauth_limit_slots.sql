@@ -1,0 +1,44 @@
+-- payauth_limit_slots: which spending limits count a batch's messages, and in which period,
+-- set-based: one row per (message, limit), in the batch's order and then the limit's id.
+-- A limit counts an approved PURCHASE, AUTHORIZATION, INCREMENTAL or ADVICE of its scope
+-- (scope ACCOUNT: the message's account; CARD: the message's card, when it is a card of
+-- the message's account) and of its merchant category (NULL: every category). The period is
+-- read from the message's own time in the limits' time zone, never from when it is
+-- decided: its first day (DAY: the day, WEEK: its Monday, MONTH: the month's first day;
+-- NULL for a TRANSACTION limit, which counts nothing). The usage is the limit's in that
+-- period as it stands now (limit_usage); the routes carry it on in memory through a batch.
+CREATE OR REPLACE FUNCTION payauth_limit_slots(
+    p_account_ids text[],
+    p_card_ids    text[],
+    p_categories  text[],
+    p_auth_types  text[],
+    p_times       timestamptz[],  -- each message's own time (headers.timestamp)
+    p_tz          text            -- PAYAUTH_LIMITS_TIMEZONE
+) RETURNS TABLE (ord bigint, limit_id text, period_start date, max_amount numeric,
+                 max_count integer, used_amount numeric, used_count integer)
+LANGUAGE sql STABLE
+AS $$
+    SELECT m.ord, l.limit_id, s.period_start, l.max_amount, l.max_count,
+           coalesce(u.amount, 0), coalesce(u.count, 0)
+      FROM unnest(p_account_ids, p_card_ids, p_categories, p_auth_types, p_times)
+               WITH ORDINALITY AS m(acct, card, cat, kind, t, ord)
+      LEFT JOIN cards c ON c.card_id = m.card AND c.account_id = m.acct
+      JOIN spending_limits l
+        ON l.scope_id IN (m.acct, c.card_id)
+       AND ((l.scope = 'ACCOUNT' AND l.scope_id = m.acct)
+            OR (l.scope = 'CARD' AND l.scope_id = c.card_id))
+       AND (l.merchant_category IS NULL OR l.merchant_category = m.cat)
+     CROSS JOIN LATERAL (
+           SELECT CASE l.period
+                      WHEN 'DAY' THEN (m.t AT TIME ZONE p_tz)::date
+                      WHEN 'WEEK' THEN date_trunc('week', m.t AT TIME ZONE p_tz)::date
+                      WHEN 'MONTH' THEN date_trunc('month', m.t AT TIME ZONE p_tz)::date
+                  END AS period_start) s
+      LEFT JOIN limit_usage u
+        ON u.limit_id = l.limit_id AND u.period_start = s.period_start
+     WHERE m.kind IN ('PURCHASE', 'AUTHORIZATION', 'INCREMENTAL', 'ADVICE')
+     ORDER BY m.ord, l.limit_id
+$$;
+
+REVOKE ALL ON FUNCTION payauth_limit_slots FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION payauth_limit_slots TO payauth_worker;

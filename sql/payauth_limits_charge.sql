@@ -1,0 +1,36 @@
+-- payauth_limits_charge: count approved messages in the limits that count them, in the
+-- decision's transaction: one charge per (message, limit with a period), kept under the
+-- purchase or hold a reversal would name (an INCREMENTAL's: its hold's), and each limit's
+-- usage in its period raised by the sum. Called by the batch statement's routes, after the
+-- batch's claims, with the accounts locked: a limit's usage is written only under the lock
+-- of its account, so two batches never count one limit at once. A charge written twice
+-- (a message counted twice) is a unique violation: the whole batch rolls back.
+CREATE OR REPLACE FUNCTION payauth_limits_charge(
+    p_under         text[],     -- the purchase or hold each charge is kept under
+    p_charged_by    text[],     -- the message counted
+    p_limit_ids     text[],
+    p_period_starts date[],     -- NULL: a TRANSACTION limit, which counts nothing
+    p_amounts       numeric[]   -- what was approved, in the account's currency
+) RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    INSERT INTO limit_charges (txn_id, charged_by, limit_id, period_start, amount, count)
+    SELECT c.under, c.msg, c.lim, c.start, c.amount, 1
+      FROM unnest(p_under, p_charged_by, p_limit_ids, p_period_starts, p_amounts)
+           AS c(under, msg, lim, start, amount)
+     WHERE c.start IS NOT NULL;
+    INSERT INTO limit_usage (limit_id, period_start, amount, count)
+    SELECT c.lim, c.start, sum(c.amount), count(*)
+      FROM unnest(p_limit_ids, p_period_starts, p_amounts) AS c(lim, start, amount)
+     WHERE c.start IS NOT NULL
+     GROUP BY c.lim, c.start
+     ORDER BY c.lim, c.start
+        ON CONFLICT (limit_id, period_start) DO UPDATE
+       SET amount = limit_usage.amount + excluded.amount,
+           count = limit_usage.count + excluded.count;
+END
+$$;
+
+REVOKE ALL ON FUNCTION payauth_limits_charge FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION payauth_limits_charge TO payauth_worker;

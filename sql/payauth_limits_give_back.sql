@@ -1,0 +1,45 @@
+-- payauth_limits_give_back: what a reversal gives back to the limits that counted its
+-- original (a purchase, or a hold with its increments): in each limit, up to what it
+-- released or credited, taken from the charges kept under the original (the increments'
+-- first, the latest period first), never more than they counted; a charge given back whole
+-- gives its count back too (a full reversal). Called by the batch statement's routes in the
+-- reversal's transaction, with the original's account locked. Clearings and expiry give
+-- nothing back: what was spent stays spent, and a hold that expires was approved.
+CREATE OR REPLACE FUNCTION payauth_limits_give_back(
+    p_original text,     -- the purchase or hold the reversal names
+    p_released numeric   -- what it released or credited, in the account's currency
+) RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    c     record;
+    lim   text;
+    left_ numeric;
+    take  numeric;
+BEGIN
+    IF p_released IS NULL OR p_released <= 0 THEN
+        RETURN;
+    END IF;
+    FOR c IN SELECT * FROM limit_charges
+              WHERE txn_id = p_original AND amount > 0
+              ORDER BY limit_id, charged_by = txn_id, period_start DESC, charged_by DESC
+                FOR UPDATE LOOP
+        IF lim IS DISTINCT FROM c.limit_id THEN
+            lim := c.limit_id; left_ := p_released;
+        END IF;
+        take := least(left_, c.amount);
+        CONTINUE WHEN take <= 0;
+        UPDATE limit_charges
+           SET amount = amount - take, count = CASE WHEN amount = take THEN 0 ELSE count END
+         WHERE txn_id = c.txn_id AND limit_id = c.limit_id AND charged_by = c.charged_by;
+        UPDATE limit_usage
+           SET amount = amount - take,
+               count = count - CASE WHEN c.amount = take THEN c.count ELSE 0 END
+         WHERE limit_id = c.limit_id AND period_start = c.period_start;
+        left_ := left_ - take;
+    END LOOP;
+END
+$$;
+
+REVOKE ALL ON FUNCTION payauth_limits_give_back FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION payauth_limits_give_back TO payauth_worker;
