@@ -15,7 +15,8 @@ CREATE TABLE cards (
 );
 CREATE INDEX cards_account_idx ON cards (account_id);
 
--- Every status change made outside the stream: who asked, why, when (payauth cards status).
+-- Every status change made outside the stream: who asked (the person, and the database
+-- login that wrote it), why, when (payauth cards status).
 CREATE TABLE card_status_changes (
     change_id  bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     card_id    text NOT NULL,
@@ -23,6 +24,7 @@ CREATE TABLE card_status_changes (
     new_status text NOT NULL,
     reason     text NOT NULL CHECK (length(reason) > 0),
     changed_by text NOT NULL DEFAULT session_user,
+    db_user    text NOT NULL DEFAULT session_user,
     changed_at timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX card_status_changes_card_idx ON card_status_changes (card_id, changed_at);

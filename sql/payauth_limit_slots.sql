@@ -4,8 +4,8 @@
 -- (scope ACCOUNT: the message's account; CARD: the message's card, when it is a card of
 -- the message's account) and of its merchant category (NULL: every category). The period is
 -- read from the message's own time in the limits' time zone, never from when it is
--- decided: its first day (DAY: the day, WEEK: its Monday, MONTH: the month's first day;
--- NULL for a TRANSACTION limit, which counts nothing). The usage is the limit's in that
+-- decided (payauth_period_start: its first day; NULL for a TRANSACTION limit, which counts
+-- nothing). The usage is the limit's in that
 -- period as it stands now (limit_usage); the routes carry it on in memory through a batch.
 CREATE OR REPLACE FUNCTION payauth_limit_slots(
     p_account_ids text[],
@@ -29,11 +29,7 @@ AS $$
             OR (l.scope = 'CARD' AND l.scope_id = c.card_id))
        AND (l.merchant_category IS NULL OR l.merchant_category = m.cat)
      CROSS JOIN LATERAL (
-           SELECT CASE l.period
-                      WHEN 'DAY' THEN (m.t AT TIME ZONE p_tz)::date
-                      WHEN 'WEEK' THEN date_trunc('week', m.t AT TIME ZONE p_tz)::date
-                      WHEN 'MONTH' THEN date_trunc('month', m.t AT TIME ZONE p_tz)::date
-                  END AS period_start) s
+           SELECT payauth_period_start(l.period, m.t, p_tz) AS period_start) s
       LEFT JOIN limit_usage u
         ON u.limit_id = l.limit_id AND u.period_start = s.period_start
      WHERE m.kind IN ('PURCHASE', 'AUTHORIZATION', 'INCREMENTAL', 'ADVICE')

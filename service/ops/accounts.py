@@ -10,8 +10,6 @@ balance + ledger) keeps holding; an opening balance is the balance at insert.
 
 from __future__ import annotations
 
-import csv
-import io
 import re
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
@@ -27,17 +25,13 @@ from service.domain.money import (
     quantum,
 )
 from service.domain.vocabulary import IDENTIFIER_PATTERN, MAX_AMOUNT, AccountStatus
+from service.ops import csv_file
 
 COLUMNS = ("account_id", "balance", "currency", "status")
 _IDENTIFIER = re.compile(IDENTIFIER_PATTERN)
 
 
-class AccountsFileInvalid(Exception):
-    """The file cannot be loaded; ``problems`` names each bad line."""
-
-    def __init__(self, problems: list[str]) -> None:
-        super().__init__(f"{len(problems)} bad line(s); nothing loaded")
-        self.problems = problems
+AccountsFileInvalid = csv_file.FileInvalid
 
 
 @dataclass(frozen=True)
@@ -68,38 +62,12 @@ class LoadReport:
 
 def parse(text: str) -> list[AccountRow]:
     """Every row, checked; raises ``AccountsFileInvalid`` naming each bad line."""
-    rows: list[AccountRow] = []
-    problems: list[str] = []
-    seen: dict[str, int] = {}
-    for number, fields in enumerate(csv.reader(io.StringIO(text)), start=1):
-        if not fields or all(not f.strip() for f in fields):
-            continue
-        cells = [f.strip() for f in fields]
-        if number == 1 and cells[0] == "account_id":
-            if tuple(cells) not in (COLUMNS[:3], COLUMNS):
-                problems.append(f"line 1: header must be {','.join(COLUMNS[:3])}[,status]")
-            continue
-        try:
-            row = _row(number, cells)
-        except ValueError as exc:
-            problems.append(f"line {number}: {exc}")
-            continue
-        if row.account_id in seen:
-            problems.append(f"line {number}: account_id {row.account_id} already on line "
-                            f"{seen[row.account_id]}")
-            continue
-        seen[row.account_id] = number
-        rows.append(row)
-    if problems:
-        raise AccountsFileInvalid(problems)
-    return rows
+    return csv_file.parse(text, COLUMNS, 3, _row, lambda row: row.account_id)
 
 
 def _row(number: int, cells: list[str]) -> AccountRow:
-    if len(cells) not in (3, 4):
-        raise ValueError(f"expected 3 or 4 columns ({','.join(COLUMNS)}), got {len(cells)}")
     account_id, balance_text, currency = cells[:3]
-    status = cells[3] if len(cells) == 4 and cells[3] else AccountStatus.ACTIVE.value
+    status = cells[3] or AccountStatus.ACTIVE.value
     if not _IDENTIFIER.fullmatch(account_id):
         raise ValueError("account_id must be 1 to 64 printable ASCII characters, no spaces")
     try:

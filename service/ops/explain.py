@@ -1,7 +1,9 @@
 """``payauth explain TXN_ID``: one transaction on one screen, for a support agent in a dispute.
 
 The decision (result, reason, amount, account, and the inputs it read: the account's
-balance, currency and status, the rule's version), where the deciding message came from
+balance, currency and status, the rule's version; the card controls it was judged on: the
+card's status and expiry, the blocks that matched, each spending limit with the usage it
+read in the message's period, the one exceeded), where the deciding message came from
 (topic, partition, offset, message_id, correlation_id), when it was decided and when its
 event was confirmed published (with the event_id downstream systems dedup on), the ledger
 entry, and the duplicates seen by cause (``duplicate_sightings``: times a batch held it,
@@ -17,6 +19,7 @@ CLEARING's original and what it applied; an orphan reversal's wait.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -34,7 +37,9 @@ SELECT p.txn_id, p.result, p.decline_reason, p.account_id, p.amount::text AS amo
        p.rule_version, p.amount_approved::text AS amount_approved, p.partial_ok,
        p.billing_amount::text AS billing_amount, p.billing_currency, p.final,
        p.ledger_balance::text AS ledger_balance, p.already_cleared::text AS already_cleared,
-       p.input_hold_state,
+       p.input_hold_state, p.card_id, p.merchant_category, p.merchant_country,
+       p.message_time, p.input_card_status, p.input_card_expires, p.input_blocks,
+       p.input_limits::text AS input_limits, p.limit_id,
        coalesce(p.published_at, b.published_at) AS published_at
   FROM processed_transactions p
   LEFT JOIN published_batches b ON b.batch_id = p.batch_id
@@ -115,6 +120,7 @@ class Explanation:
                 f"request      {d['authorization_type']} {d['amount']} {d['currency']} "
                 f"on account {d['account_id']}" + _request(d),
                 f"inputs       {_inputs(d)}",
+                *_controls(d),
                 f"decided at   {d['processed_at'].isoformat()}",
                 f"from         {d['source_topic']} partition {d['source_partition']} offset "
                 f"{d['source_offset']}, message_id {d['message_id']}, correlation_id "
@@ -257,6 +263,34 @@ def _inputs(d: dict[str, Any]) -> str:
         return f"no such account (rule {d['rule_version']})"
     return (f"account balance {d['input_balance']} {d['input_currency']}, status "
             f"{d['input_status']} (rule {d['rule_version']})")
+
+
+def _controls(d: dict[str, Any]) -> list[str]:
+    """What the card controls judged the decision on, as it read them: the card, the blocks
+    that matched, each limit with its usage in the message's period (none when no control
+    applied)."""
+    if d["message_time"] is None:
+        return []
+    card = ("none named" if d["card_id"] is None else
+            f"{d['card_id']}: no such card of the account" if d["input_card_status"] is None
+            else f"{d['card_id']}, status {d['input_card_status']}, "
+                 f"valid through {d['input_card_expires'] or 'no expiry'}")
+    lines = [f"card         {card}; message time {d['message_time'].isoformat()}, merchant "
+             f"category {d['merchant_category']}, country {d['merchant_country'] or 'none'}"]
+    if d["input_blocks"]:
+        lines.append(f"blocked      {', '.join(d['input_blocks']).lower()} (a block of the "
+                     "account or card matched)")
+    for limit in json.loads(d["input_limits"] or "[]"):
+        period = (f"{limit['period_start']}" if limit["period_start"] else "each message")
+        used = []
+        if limit["max_amount"] is not None:
+            used.append(f"amount {limit['used_amount']} of {limit['max_amount']}")
+        if limit["max_count"] is not None:
+            used.append(f"count {limit['used_count']} of {limit['max_count']}")
+        mark = "  <- exceeded" if limit["limit_id"] == d["limit_id"] else ""
+        lines.append(f"limit        {limit['limit_id']} ({period}): {', '.join(used)} before "
+                     f"it{mark}")
+    return lines
 
 
 async def explain(dsn: str, transaction_id: str) -> Explanation:

@@ -151,6 +151,40 @@ LIFECYCLE_CHECKS = (
 )
 
 
+# Card controls (docs/operations.md, "Card controls and spending limits").
+CONTROLS_CHECKS = (
+    Check(
+        "each spending limit's usage is what its charges count",
+        """SELECT coalesce(u.limit_id, c.limit_id) || ' ' || coalesce(u.period_start,
+                  c.period_start) || ': usage ' || coalesce(u.amount, 0) || ' / '
+                  || coalesce(u.count, 0) || ', charges ' || coalesce(c.amount, 0) || ' / '
+                  || coalesce(c.count, 0)
+             FROM limit_usage u
+             FULL JOIN (SELECT limit_id, period_start, sum(amount) AS amount,
+                               sum(count) AS count
+                          FROM limit_charges GROUP BY limit_id, period_start) c
+                    USING (limit_id, period_start)
+            WHERE coalesce(u.amount, 0) <> coalesce(c.amount, 0)
+               OR coalesce(u.count, 0) <> coalesce(c.count, 0)""",
+    ),
+    Check(
+        "a limit counts an approved message, never more than was approved",
+        """SELECT c.charged_by || ' in ' || c.limit_id FROM limit_charges c
+             JOIN processed_transactions p ON p.txn_id = c.charged_by
+            WHERE p.result <> 'APPROVED' OR c.amount > coalesce(p.amount_approved, p.amount)""",
+    ),
+    Check(
+        "no approval past a limit but an advice's, by the usage it read",
+        """SELECT p.txn_id || ' in ' || (l->>'limit_id')
+             FROM processed_transactions p, jsonb_array_elements(p.input_limits) AS l
+            WHERE p.result = 'APPROVED' AND p.authorization_type <> 'ADVICE'
+              AND ((l->>'used_amount')::numeric + coalesce(p.amount_approved, p.amount)
+                       > (l->>'max_amount')::numeric
+                   OR (l->>'used_count')::integer + 1 > (l->>'max_count')::integer)""",
+    ),
+)
+
+
 CHECKS = (
     Check(
         "at most one ledger entry per transaction",
@@ -207,6 +241,7 @@ CHECKS = (
             WHERE p.result = 'DECLINED'""",
     ),
     *LIFECYCLE_CHECKS,
+    *CONTROLS_CHECKS,
 )
 
 

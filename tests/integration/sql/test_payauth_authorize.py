@@ -426,8 +426,8 @@ async def _both(conn: asyncpg.Connection, batch: list[Msg]) -> str:
     # amount as sent).
     # (Nor does it say "not partial" in words: NULL, false for the worker.)
     purchases = routed[2] == "payauth_authorize_purchases"
-    assert [r[:6] + (bool(r[9]),) + r[10:] if purchases else r for r in routed[0]] == \
-        [r[:6] + (bool(r[9]),) + r[10:] if purchases else r for r in by_loop[0]], batch
+    assert [(*r[:6], bool(r[9]), *r[10:]) if purchases else r for r in routed[0]] == \
+        [(*r[:6], bool(r[9]), *r[10:]) if purchases else r for r in by_loop[0]], batch
     assert routed[1] == by_loop[1], batch
     return routed[2]
 

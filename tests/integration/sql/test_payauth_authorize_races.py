@@ -2,8 +2,9 @@
 moment on another connection: an orphan reversal kept by one batch and its purchase decided
 by another, interleaved exactly as a review found them losing the reversal's credit (the
 purchase's batch reading the waiting orphans before it locked the account); a clearing kept
-before its hold and the hold decided by another batch, at the same point; and the first race
-many times over through two stores, as two workers' batches meet."""
+before its hold and the hold decided by another batch, at the same point; two purchases of
+one card with room in its limit for one; and the first race many times over through two
+stores, as two workers' batches meet."""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ from typing import Any
 import asyncpg
 
 from service.adapters.postgres import PostgresStore
-from service.domain.messages import Authorization
+from service.domain.messages import Authorization, decode_authorization
 from tests.support import stack
-from tests.support.factory import authorization
+from tests.support.factory import auth_message, authorization, encode
 
 
 class HeldOpenStore(PostgresStore):
@@ -142,3 +143,30 @@ def test_orphans_and_their_purchases_decided_at_once_by_two_stores(env: stack.En
     off = stack.fetch(env.dsn, "SELECT account_id, balance FROM accounts "
                                "WHERE account_id = ANY($1::text[]) AND balance <> 50", accounts)
     assert waiting == [] and off == []
+
+
+def test_two_purchases_of_one_card_only_one_fitting_its_limit_one_approved(
+        env: stack.Env) -> None:
+    """Two batches (two partitions) each with a purchase of the same card, the card's daily
+    limit room for one: 1. the first batch decides (counted to the limit), its account
+    locked, not committed. 2. The second waits for the account, then reads the usage the
+    first committed: declined LIMIT_EXCEEDED, never both approved."""
+    account = f"RACE-{uuid.uuid4().hex[:6]}"
+    card = f"CARD-{account}"
+    asyncio.run(stack.seed_accounts(env.dsn, [(account, "100.00", "EUR")]))
+    stack.fetch(env.dsn, "INSERT INTO cards (card_id, account_id) VALUES ($1, $2) RETURNING 1",
+                card, account)
+    stack.fetch(env.dsn, "INSERT INTO spending_limits (limit_id, scope, scope_id, period, "
+                         "max_amount) VALUES ($1, 'CARD', $2, 'DAY', 50) RETURNING 1",
+                f"L-{account}", card)
+
+    def on_card(txn: str) -> Authorization:
+        return decode_authorization(encode(auth_message(
+            f"{txn}-{account}", account_id=account, amount="30.00", card_id=card)))
+
+    first, second = _decided_while_the_other_waits(env, on_card("P1"), on_card("P2"))
+    assert (first.result, second.result, second.decline_reason, second.limit_id) == \
+        ("APPROVED", "DECLINED", "LIMIT_EXCEEDED", f"L-{account}")
+    [usage] = stack.fetch(env.dsn, "SELECT amount, count FROM limit_usage WHERE limit_id = $1",
+                          f"L-{account}")
+    assert (usage["amount"], usage["count"]) == (Decimal("30.00"), 1)

@@ -1,0 +1,258 @@
+"""Card controls and spending limits through a real worker (CONTRACT.md, "Card controls and
+spending limits"): each message sent to the broker and decided by ``payauth run``; the cards,
+limits and statuses set by the operator's commands; the usage checked in the database and
+the declines on the output topic."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tests.support import lifecycle as lc
+from tests.support import stack
+from tests.support.workers import payauth
+
+
+def _admin(env: stack.Env, *args: str) -> str:
+    """An operator's command, as the database's owner; it must succeed."""
+    done = payauth(env, *args, PAYAUTH_DATABASE_URL=env.dsn)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def _controls(env: stack.Env, tmp_path: Path, cards: list[str], limits: list[str]) -> None:
+    """Load the cards (``card_id,account_id[,status,expires_on]`` lines) and the limits (the
+    columns of spending_limits) with ``payauth cards load`` and ``payauth limits load``."""
+    if cards:
+        (tmp_path / "cards.csv").write_text("\n".join(cards) + "\n")
+        _admin(env, "cards", "load", str(tmp_path / "cards.csv"))
+    if limits:
+        (tmp_path / "limits.csv").write_text("\n".join(limits) + "\n")
+        _admin(env, "limits", "load", str(tmp_path / "limits.csv"))
+
+
+def _at(message: dict[str, Any], timestamp: str, message_id: str | None = None
+        ) -> dict[str, Any]:
+    """The message stamped at ``timestamp`` (its own time), optionally with another
+    message_id (a producer's retry)."""
+    headers = {**message["headers"], "timestamp": timestamp}
+    if message_id is not None:
+        headers["message_id"] = message_id
+    return {**message, "headers": headers}
+
+
+def _usage(env: stack.Env, limit_id: str) -> dict[str, tuple[Any, int]]:
+    return {str(r["period_start"]): (r["amount"], r["count"]) for r in stack.fetch(
+        env.dsn, "SELECT period_start, amount, count FROM limit_usage WHERE limit_id = $1",
+        limit_id)}
+
+
+def _outcomes(events: dict[str, dict[str, Any]], t: dict[str, str], *keys: str
+              ) -> dict[str, tuple[str, str | None]]:
+    return {k: (events[t[k]]["result"], events[t[k]].get("decline_reason")) for k in keys}
+
+
+def test_a_duplicate_and_a_producer_retry_count_once(env, spawn_worker, tmp_path) -> None:
+    t = lc.names("p1", "p2", "p3", "acc", "card", "lim")
+    lc.seed(env, (t["acc"], "1000.00"))
+    _controls(env, tmp_path, [f"{t['card']},{t['acc']}"],
+              [f"{t['lim']},CARD,{t['card']},DAY,100.00,2"])
+    first = _at(lc.msg(t["p1"], "PURCHASE", t["acc"], "40.00", card_id=t["card"]),
+                "2026-04-07T10:00:00Z")
+    lc.run(env, spawn_worker, [
+        first, first,  # redelivered
+        _at(first, "2026-04-07T10:00:05Z", message_id="retry-" + t["p1"]),  # a retry
+        _at(lc.msg(t["p2"], "PURCHASE", t["acc"], "40.00", card_id=t["card"]),
+            "2026-04-07T11:00:00Z"),
+        _at(lc.msg(t["p3"], "PURCHASE", t["acc"], "30.00", card_id=t["card"]),
+            "2026-04-07T12:00:00Z"),
+    ])
+    events = lc.events(env, expect=3)
+    # Counted once, the second fits (count 2 of 2); the third passes the amount (110 > 100).
+    assert _outcomes(events, t, "p1", "p2", "p3") == {
+        "p1": ("APPROVED", None), "p2": ("APPROVED", None),
+        "p3": ("DECLINED", "LIMIT_EXCEEDED")}
+    assert events[t["p3"]]["limit_id"] == t["lim"]
+    assert _usage(env, t["lim"]) == {"2026-04-07": (80, 2)}
+    lc.verified(env)
+
+
+def test_a_message_counts_in_its_own_day_and_zone(env, spawn_worker, tmp_path) -> None:
+    """Stamped 23:59:59 and decided long after midnight (months later, here): it counts in
+    its own day; in New York, 00:00:01 UTC is still the evening before."""
+    t = lc.names("late", "next", "same", "acc", "card", "lim", "ny_late", "ny_next", "acc2",
+                 "card2", "lim2")
+    lc.seed(env, (t["acc"], "1000.00"), (t["acc2"], "1000.00"))
+    _controls(env, tmp_path, [f"{t['card']},{t['acc']}", f"{t['card2']},{t['acc2']}"],
+              [f"{t['lim']},CARD,{t['card']},DAY,,1", f"{t['lim2']},CARD,{t['card2']},DAY,,1"])
+    stamped = [
+        _at(lc.msg(t["late"], "PURCHASE", t["acc"], "5.00", card_id=t["card"]),
+            "2026-04-07T23:59:59Z"),
+        _at(lc.msg(t["next"], "PURCHASE", t["acc"], "5.00", card_id=t["card"]),
+            "2026-04-08T00:00:01Z"),
+        _at(lc.msg(t["same"], "PURCHASE", t["acc"], "5.00", card_id=t["card"]),
+            "2026-04-07T08:00:00Z"),
+    ]
+    first = lc.run(env, spawn_worker, stamped)
+    events = lc.events(env, expect=3)
+    assert _outcomes(events, t, "late", "next", "same") == {
+        "late": ("APPROVED", None), "next": ("APPROVED", None),
+        "same": ("DECLINED", "LIMIT_EXCEEDED")}
+    assert _usage(env, t["lim"]) == {"2026-04-07": (5, 1), "2026-04-08": (5, 1)}
+
+    # The same two moments in another zone: one day there, so the second is declined.
+    assert first.terminate() == 0
+    spawn_worker(env, name="ny", PAYAUTH_LIMITS_TIMEZONE="America/New_York")
+    lc.send_more(env, [
+        _at(lc.msg(t["ny_late"], "PURCHASE", t["acc2"], "5.00", card_id=t["card2"]),
+            "2026-04-07T23:59:59Z"),
+        _at(lc.msg(t["ny_next"], "PURCHASE", t["acc2"], "5.00", card_id=t["card2"]),
+            "2026-04-08T00:00:01Z"),
+    ])
+    events = lc.events(env, expect=5)
+    assert _outcomes(events, t, "ny_late", "ny_next") == {
+        "ny_late": ("APPROVED", None), "ny_next": ("DECLINED", "LIMIT_EXCEEDED")}
+    assert _usage(env, t["lim2"]) == {"2026-04-07": (5, 1)}
+    lc.verified(env)
+
+
+def test_a_full_reversal_gives_the_usage_and_the_count_back(env, spawn_worker,
+                                                            tmp_path) -> None:
+    t = lc.names("hold", "rev", "after", "buy", "part", "last", "acc", "card", "lim")
+    lc.seed(env, (t["acc"], "1000.00"))
+    _controls(env, tmp_path, [f"{t['card']},{t['acc']}"],
+              [f"{t['lim']},CARD,{t['card']},DAY,100.00,2"])
+    day = "2026-04-07T10:00:00Z"
+
+    def on_card(key: str, kind: str, amount: str, original: str | None = None
+                ) -> dict[str, Any]:
+        return _at(lc.msg(t[key], kind, t["acc"], amount, original, card_id=t["card"]), day)
+
+    lc.run(env, spawn_worker, [on_card("hold", "AUTHORIZATION", "80.00")])
+    assert _usage(env, t["lim"]) == {"2026-04-07": (80, 1)}
+    lc.send_more(env, [on_card("rev", "REVERSAL", "80.00", t["hold"])])
+    assert _usage(env, t["lim"]) == {"2026-04-07": (0, 0)}  # all of it, and its count
+    lc.send_more(env, [on_card("after", "AUTHORIZATION", "90.00"),
+                       on_card("buy", "PURCHASE", "10.00")])
+    assert _usage(env, t["lim"]) == {"2026-04-07": (100, 2)}
+    # A partial reversal of the purchase gives back what it credited, not its count.
+    lc.send_more(env, [on_card("part", "REVERSAL", "4.00", t["buy"]),
+                       on_card("last", "PURCHASE", "4.00")])
+    events = lc.events(env, expect=6)
+    assert _outcomes(events, t, "hold", "after", "buy", "last") == {
+        "hold": ("APPROVED", None), "after": ("APPROVED", None), "buy": ("APPROVED", None),
+        "last": ("DECLINED", "LIMIT_EXCEEDED")}  # 96 + 4 fits, but not a third purchase
+    assert _usage(env, t["lim"]) == {"2026-04-07": (96, 2)}
+    lc.verified(env)
+
+
+def test_a_card_frozen_between_two_messages(env, spawn_worker, tmp_path) -> None:
+    """Frozen by `payauth cards status` between two purchases: the second is declined and
+    its event names the status; a clearing and a reversal on the frozen card are applied;
+    an advice past a limit is placed and counted; who froze it is kept."""
+    t = lc.names("before", "hold", "after", "clear", "rev", "advice", "verify", "acc", "card",
+                 "lim", "hold2")
+    lc.seed(env, (t["acc"], "1000.00"))
+    _controls(env, tmp_path, [f"{t['card']},{t['acc']}"],
+              [f"{t['lim']},CARD,{t['card']},DAY,150.00,"])
+    day = "2026-04-07T10:00:00Z"
+
+    def on_card(key: str, kind: str, amount: str, original: str | None = None
+                ) -> dict[str, Any]:
+        return _at(lc.msg(t[key], kind, t["acc"], amount, original, card_id=t["card"]), day)
+
+    lc.run(env, spawn_worker, [on_card("before", "PURCHASE", "20.00"),
+                               on_card("hold", "AUTHORIZATION", "50.00"),
+                               on_card("hold2", "AUTHORIZATION", "30.00")])
+    said = _admin(env, "cards", "status", t["card"], "FROZEN", "--reason", "lost in a taxi",
+                  "--by", "agent-7")
+    assert "ACTIVE -> FROZEN" in said
+    lc.send_more(env, [on_card("after", "PURCHASE", "5.00"),
+                       on_card("verify", "VERIFICATION", "0.00"),
+                       on_card("clear", "CLEARING", "50.00", t["hold"]),
+                       on_card("rev", "REVERSAL", "30.00", t["hold2"]),
+                       on_card("advice", "ADVICE", "200.00")])
+    events = lc.events(env, expect=8)
+    assert _outcomes(events, t, "after", "verify", "clear", "rev", "advice") == {
+        "after": ("DECLINED", "CARD_BLOCKED"), "verify": ("DECLINED", "CARD_BLOCKED"),
+        "clear": ("APPROVED", None), "rev": ("APPROVED", None), "advice": ("APPROVED", None)}
+    assert events[t["after"]]["card_status"] == "FROZEN"
+    assert events[t["rev"]]["amount_applied"] == "30.00"
+    # 20 + 50 + 30, less the 30 reversed, plus the advice's 200: past the limit, counted.
+    assert _usage(env, t["lim"]) == {"2026-04-07": (270, 3)}
+    changes = stack.fetch(env.dsn, "SELECT old_status, new_status, reason, changed_by "
+                                   "FROM card_status_changes WHERE card_id = $1", t["card"])
+    assert [tuple(c) for c in changes] == [("ACTIVE", "FROZEN", "lost in a taxi", "agent-7")]
+    explained = payauth(env, "explain", t["after"]).stdout
+    assert f"card         {t['card']}, status FROZEN" in explained, explained
+    lc.verified(env)
+
+
+def test_expired_cards_blocked_merchants_and_unknown_cards(env, spawn_worker,
+                                                           tmp_path) -> None:
+    t = lc.names("expired", "valid", "gambling", "country", "other", "nobody", "refund",
+                 "plain", "acc", "acc2", "card", "old", "card2")
+    lc.seed(env, (t["acc"], "1000.00"), (t["acc2"], "1000.00"))
+    _controls(env, tmp_path, [f"{t['card']},{t['acc']}",
+                              f"{t['old']},{t['acc']},ACTIVE,2026-04-06",
+                              f"{t['card2']},{t['acc2']}"], [])
+    stack.fetch(env.dsn, "INSERT INTO card_blocks (scope, scope_id, kind, value) VALUES "
+                         "('CARD', $1, 'CATEGORY', '7995'), ('ACCOUNT', $2, 'COUNTRY', 'KP') "
+                         "RETURNING 1", t["card"], t["acc"])
+    day = "2026-04-07T10:00:00Z"
+    lc.run(env, spawn_worker, [
+        _at(lc.msg(t["expired"], "PURCHASE", t["acc"], "5.00", card_id=t["old"]), day),
+        _at(lc.msg(t["valid"], "PURCHASE", t["acc"], "5.00", card_id=t["old"]),
+            "2026-04-06T21:00:00Z"),  # its last valid day
+        _at(lc.msg(t["gambling"], "PURCHASE", t["acc"], "5.00", card_id=t["card"],
+                   merchant_category="7995"), day),
+        _at(lc.msg(t["country"], "AUTHORIZATION", t["acc"], "5.00", card_id=t["card"],
+                   merchant_country="KP"), day),
+        _at(lc.msg(t["other"], "PURCHASE", t["acc"], "5.00", card_id=t["card2"]), day),
+        _at(lc.msg(t["nobody"], "PURCHASE", t["acc"], "5.00", card_id="NO-SUCH-CARD"), day),
+        _at(lc.msg(t["refund"], "REFUND", t["acc"], "5.00", card_id=t["old"]), day),
+        _at(lc.msg(t["plain"], "PURCHASE", t["acc"], "5.00", merchant_country="ES"), day),
+    ])
+    events = lc.events(env, expect=8)
+    assert _outcomes(events, t, "expired", "valid", "gambling", "country", "other", "nobody",
+                     "refund", "plain") == {
+        "expired": ("DECLINED", "CARD_EXPIRED"), "valid": ("APPROVED", None),
+        "gambling": ("DECLINED", "CATEGORY_BLOCKED"),
+        "country": ("DECLINED", "COUNTRY_BLOCKED"), "other": ("DECLINED", "UNKNOWN_CARD"),
+        "nobody": ("DECLINED", "UNKNOWN_CARD"), "refund": ("APPROVED", None),
+        "plain": ("APPROVED", None)}
+    lc.verified(env)
+
+
+def test_the_commands_refuse_bad_input_with_one_line_and_change_nothing(env,
+                                                                        tmp_path) -> None:
+    t = lc.names("acc", "card", "lim")
+    lc.seed(env, (t["acc"], "10.00"))
+    _controls(env, tmp_path, [f"{t['card']},{t['acc']}"], [])
+    refused = [
+        ("cards", "status", "NO-SUCH-" + t["card"], "FROZEN", "--reason", "x"),
+        ("cards", "status", t["card"], "MELTED", "--reason", "x"),
+    ]
+    for args in refused:
+        done = payauth(env, *args, PAYAUTH_DATABASE_URL=env.dsn)
+        assert done.returncode != 0 and len(done.stderr.strip().splitlines()) == 1, done
+    (tmp_path / "bad.csv").write_text(f"{t['lim']},CARD,{t['card']},DAY,10.00,\n"
+                                      f"{t['lim']}-2,CARD,{t['card']},YEARLY,10.00,\n")
+    done = payauth(env, "limits", "load", str(tmp_path / "bad.csv"),
+                   PAYAUTH_DATABASE_URL=env.dsn)
+    assert done.returncode == 1 and "line 2: period must be one of" in done.stderr, done
+    (tmp_path / "bad-cards.csv").write_text(f"X-{t['card']},NO-SUCH-{t['acc']}\n")
+    done = payauth(env, "cards", "load", str(tmp_path / "bad-cards.csv"),
+                   PAYAUTH_DATABASE_URL=env.dsn)
+    assert done.returncode == 1 and "line 1: account_id NO-SUCH-" in done.stderr, done
+    assert stack.fetch(env.dsn, "SELECT status FROM cards WHERE card_id = $1",
+                       t["card"])[0]["status"] == "ACTIVE"
+    assert not stack.fetch(env.dsn, "SELECT 1 FROM spending_limits WHERE limit_id LIKE $1",
+                           t["lim"] + "%")
+    assert not stack.fetch(env.dsn, "SELECT 1 FROM card_status_changes WHERE card_id = $1",
+                           t["card"])
+    bad_zone = payauth(env, "limits", "show", "--card", t["card"],
+                       PAYAUTH_LIMITS_TIMEZONE="Mars/Olympus")
+    assert bad_zone.returncode == 2 and "PAYAUTH_LIMITS_TIMEZONE" in bad_zone.stderr
+    shown = payauth(env, "limits", "show", "--card", t["card"]).stdout
+    assert shown.strip() == "limits: none"
