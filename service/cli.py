@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 
 from service.config import ConfigError, Settings, load_settings
 from service.logs import configure_logging, mask_secrets
-from service.ops import flags
+from service.ops import controls_commands, flags
 
 
 class _Parser(argparse.ArgumentParser):
@@ -223,87 +223,13 @@ def _cmd_explain(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _cmd_accounts_load(settings: Settings, args: argparse.Namespace) -> int:
-    from service.ops import accounts
+    from service.ops import accounts, csv_file
 
-    rows = _load_file("accounts", args.file, accounts.read)
+    rows = csv_file.read_or_report("accounts", args.file, accounts.read)
     if rows is None:
         return 1
     report = asyncio.run(accounts.load(settings.database_url.get_secret_value(), rows))
     print(report.render())
-    return 0
-
-
-def _load_file(name: str, path: str, read: Any) -> Any:
-    """The rows of an operator's CSV file, or None after printing every bad line."""
-    from service.ops import csv_file
-
-    try:
-        return read(Path(path))
-    except csv_file.FileInvalid as exc:
-        for problem in exc.problems:
-            print(f"{name}: {problem}", file=sys.stderr)
-        print(f"{name}: {exc}", file=sys.stderr)
-    except (OSError, UnicodeDecodeError) as exc:
-        print(f"{name}: cannot read {path}: {exc}", file=sys.stderr)
-    return None
-
-
-def _cmd_cards_load(settings: Settings, args: argparse.Namespace) -> int:
-    from service.ops import cards, csv_file
-
-    rows = _load_file("cards", args.file, cards.read)
-    if rows is None:
-        return 1
-    try:
-        report = asyncio.run(cards.load(settings.database_url.get_secret_value(), rows))
-    except csv_file.FileInvalid as exc:
-        for problem in exc.problems:
-            print(f"cards: {problem}", file=sys.stderr)
-        print(f"cards: {exc}", file=sys.stderr)
-        return 1
-    print(report.render())
-    return 0
-
-
-def _cmd_cards_status(settings: Settings, args: argparse.Namespace) -> int:
-    from service.ops import cards
-
-    try:
-        print(asyncio.run(cards.change_status(settings.database_url.get_secret_value(),
-                                              args.card_id, args.status, args.reason,
-                                              args.by)))
-    except cards.CardRefused as exc:
-        print(f"cards status: {exc}; nothing changed", file=sys.stderr)
-        return 1
-    return 0
-
-
-def _cmd_limits_load(settings: Settings, args: argparse.Namespace) -> int:
-    from service.ops import csv_file, limits
-
-    rows = _load_file("limits", args.file, limits.read)
-    if rows is None:
-        return 1
-    try:
-        print(asyncio.run(limits.load(settings.database_url.get_secret_value(), rows)))
-    except csv_file.FileInvalid as exc:
-        for problem in exc.problems:
-            print(f"limits: {problem}", file=sys.stderr)
-        print(f"limits: {exc}", file=sys.stderr)
-        return 1
-    return 0
-
-
-def _cmd_limits_show(settings: Settings, args: argparse.Namespace) -> int:
-    from service.ops import limits
-
-    try:
-        lines = asyncio.run(limits.show(settings.database_url.get_secret_value(), args.card,
-                                        args.account, settings.limits_timezone))
-    except LookupError as exc:
-        print(f"limits show: {exc.args[0]}", file=sys.stderr)
-        return 1
-    print("\n".join(lines))
     return 0
 
 
@@ -399,33 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", metavar="FILE.csv")
     p.set_defaults(func=_cmd_accounts_load)
 
-    group = sub.add_parser("cards", help="card tools").add_subparsers(
-        dest="cards_command", required=True)
-    p = group.add_parser("load", help="add the cards of a CSV file (card_id,account_id"
-                                      "[,status,expires_on]); never changes an existing card")
-    p.add_argument("file", metavar="FILE.csv")
-    p.set_defaults(func=_cmd_cards_load)
-    p = group.add_parser("status", help="set a card's status (ACTIVE, FROZEN, LOST, STOLEN, "
-                                        "CLOSED), keeping who asked and why")
-    p.add_argument("card_id", metavar="CARD_ID")
-    p.add_argument("status", metavar="STATUS")
-    p.add_argument("--reason", required=True, help="why (kept with the change)")
-    p.add_argument("--by", help="who asked (default: the operating-system user)")
-    p.set_defaults(func=_cmd_cards_status)
-
-    group = sub.add_parser("limits", help="spending limit tools").add_subparsers(
-        dest="limits_command", required=True)
-    p = group.add_parser("load", help="add or re-set the spending limits of a CSV file "
-                                      "(limit_id,scope,scope_id,period,max_amount,max_count"
-                                      "[,merchant_category])")
-    p.add_argument("file", metavar="FILE.csv")
-    p.set_defaults(func=_cmd_limits_load)
-    p = group.add_parser("show", help="the limits of a card or account, with their usage in "
-                                      "the period now")
-    which = p.add_mutually_exclusive_group(required=True)
-    which.add_argument("--card", metavar="ID")
-    which.add_argument("--account", metavar="ID")
-    p.set_defaults(func=_cmd_limits_show)
+    controls_commands.add_parsers(sub)
 
     p = sub.add_parser("holds", help="hold tools").add_subparsers(dest="holds_command",
         required=True).add_parser("expire", help="end holds past the expiry (dry run)")

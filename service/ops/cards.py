@@ -16,14 +16,17 @@ to every message decided after it commits and to none decided before.
 
 from __future__ import annotations
 
+import asyncio
 import getpass
 import re
+import sys
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
 
 import asyncpg
 
+from service.config import Settings
 from service.domain.vocabulary import IDENTIFIER_PATTERN, CardStatus
 from service.ops import csv_file
 
@@ -143,3 +146,27 @@ async def change_status(dsn: str, card_id: str, status: str, reason: str,
     finally:
         await conn.close()
     return f"cards: {card_id} {old} -> {status} ({reason.strip()})"
+
+
+def load_command(settings: Settings, path: str) -> int:
+    """``payauth cards load FILE.csv``: exit 0 once loaded, 1 when nothing was."""
+    rows = csv_file.read_or_report("cards", path, read)
+    if rows is None:
+        return 1
+    try:
+        print(asyncio.run(load(settings.database_url.get_secret_value(), rows)).render())
+    except csv_file.FileInvalid as exc:
+        return csv_file.report("cards", exc)
+    return 0
+
+
+def status_command(settings: Settings, card_id: str, status: str, reason: str,
+                   by: str | None) -> int:
+    """``payauth cards status``: exit 0 once set (or already so), 1 when refused."""
+    try:
+        print(asyncio.run(change_status(settings.database_url.get_secret_value(), card_id,
+                                        status, reason, by)))
+    except CardRefused as exc:
+        print(f"cards status: {exc}; nothing changed", file=sys.stderr)
+        return 1
+    return 0

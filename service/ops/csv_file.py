@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import csv
 import io
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 Row = TypeVar("Row")
@@ -56,3 +58,24 @@ def parse(text: str, columns: tuple[str, ...], required: int,
     if problems:
         raise FileInvalid(problems)
     return rows
+
+
+def report(name: str, exc: FileInvalid) -> int:
+    """Every bad line on stderr, then the verdict; the command's exit status (1)."""
+    for problem in exc.problems:
+        print(f"{name}: {problem}", file=sys.stderr)
+    print(f"{name}: {exc}", file=sys.stderr)
+    return 1
+
+
+def read_or_report(name: str, path: str, read: Callable[[Path], list[Row]]
+                   ) -> list[Row] | None:
+    """The rows of an operator's file, or None once every bad line (or why the file cannot
+    be read) is on stderr."""
+    try:
+        return read(Path(path))
+    except FileInvalid as exc:
+        report(name, exc)
+    except (OSError, UnicodeDecodeError) as exc:
+        print(f"{name}: cannot read {path}: {exc}", file=sys.stderr)
+    return None

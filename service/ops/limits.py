@@ -18,13 +18,16 @@ cards), with its usage in the period now, in PAYAUTH_LIMITS_TIMEZONE.
 
 from __future__ import annotations
 
+import asyncio
 import re
+import sys
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 import asyncpg
 
+from service.config import Settings
 from service.domain.money import PLAIN_DECIMAL
 from service.domain.vocabulary import (
     IDENTIFIER_PATTERN,
@@ -192,3 +195,27 @@ async def show(dsn: str, card_id: str | None, account_id: str | None, tz: str) -
             parts.append("(each message alone)")
         lines.append("; ".join(parts))
     return lines
+
+
+def load_command(settings: Settings, path: str) -> int:
+    """``payauth limits load FILE.csv``: exit 0 once loaded, 1 when nothing was."""
+    rows = csv_file.read_or_report("limits", path, read)
+    if rows is None:
+        return 1
+    try:
+        print(asyncio.run(load(settings.database_url.get_secret_value(), rows)))
+    except csv_file.FileInvalid as exc:
+        return csv_file.report("limits", exc)
+    return 0
+
+
+def show_command(settings: Settings, card_id: str | None, account_id: str | None) -> int:
+    """``payauth limits show``: exit 1 for a card or account that does not exist."""
+    try:
+        lines = asyncio.run(show(settings.database_url.get_secret_value(), card_id,
+                                 account_id, settings.limits_timezone))
+    except LookupError as exc:
+        print(f"limits show: {exc.args[0]}", file=sys.stderr)
+        return 1
+    print("\n".join(lines))
+    return 0
