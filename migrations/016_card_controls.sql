@@ -14,6 +14,8 @@ CREATE TABLE cards (
     updated_at timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX cards_account_idx ON cards (account_id);
+-- The cards not ACTIVE (the worker's gauge), few among millions.
+CREATE INDEX cards_not_active_idx ON cards (status) WHERE status <> 'ACTIVE';
 
 -- Every status change made outside the stream: who asked (the person, and the database
 -- login that wrote it), why, when (payauth cards status).
@@ -60,6 +62,8 @@ CREATE TABLE limit_usage (
     count        integer NOT NULL DEFAULT 0 CHECK (count >= 0),
     PRIMARY KEY (limit_id, period_start)
 );
+-- The limits nearest their ceiling, now (the worker's gauge): the periods under way only.
+CREATE INDEX limit_usage_period_idx ON limit_usage (period_start);
 
 -- What each approved message counted in each limit, under the purchase or hold a reversal
 -- names (txn_id: an INCREMENTAL's is its hold's), so that a reversal gives back exactly

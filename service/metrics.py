@@ -9,7 +9,12 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from service.domain.errors import DeadLetterReason
-from service.domain.vocabulary import DeclineReason, DuplicateCause, DuplicateLayer
+from service.domain.vocabulary import (
+    CardStatus,
+    DeclineReason,
+    DuplicateCause,
+    DuplicateLayer,
+)
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -136,6 +141,19 @@ orphan_reversals_waiting = Gauge(
     "Reversals kept until their original arrives.",
     registry=REGISTRY,
 )
+cards_not_active = Gauge(
+    "payauth_cards_not_active",
+    "Cards whose status declines them (FROZEN, LOST, STOLEN, CLOSED), by status.",
+    ["status"],
+    registry=REGISTRY,
+)
+limit_usage_ratio = Gauge(
+    "payauth_limit_usage_ratio",
+    "The ten spending limits nearest their ceiling in the period under way: usage over the "
+    "maximum (amount or count, the nearer), by limit_id; the set is replaced at each read.",
+    ["limit_id"],
+    registry=REGISTRY,
+)
 redis_up = Gauge(
     "payauth_redis_up",
     "1 when the Redis fast path answers, 0 while the worker runs on PostgreSQL alone.",
@@ -182,3 +200,6 @@ for _reason in DeadLetterReason:
     dead_letters_total.labels(_reason.value)
 for _decline in DeclineReason:
     declines_total.labels(_decline.value)
+for _status in CardStatus:
+    if _status is not CardStatus.ACTIVE:
+        cards_not_active.labels(_status.value)

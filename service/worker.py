@@ -34,6 +34,7 @@ from service.core.dispatcher import Dispatcher
 from service.core.pipeline import BatchProcessor, Topics
 from service.core.plan import Limits
 from service.core.ports import Cache, Publisher, Store, StoreRefused, StoreUnavailable
+from service.domain.vocabulary import CardStatus
 from service.health import Health, serve_http
 
 log = structlog.get_logger(__name__)
@@ -330,6 +331,14 @@ async def _count_dedup_records(store: PostgresStore, settings: Settings,
             metrics.holds_expiry_unpublished.set(g["unpublished"])
             metrics.orphan_reversals_waiting.set(g["orphans"])
             metrics.dedup_oldest_age_seconds.set(g["oldest_dedup_seconds"] or 0)
+            c = await store.controls_gauges(settings.limits_timezone)
+            frozen = dict(zip(c["statuses"], c["counts"], strict=True))
+            for status in CardStatus:  # every status that declines, 0 when none
+                if status is not CardStatus.ACTIVE:
+                    metrics.cards_not_active.labels(status.value).set(frozen.get(status, 0))
+            metrics.limit_usage_ratio.clear()
+            for limit_id, ratio in zip(c["limit_ids"], c["ratios"], strict=True):
+                metrics.limit_usage_ratio.labels(limit_id).set(ratio)
         except Exception as exc:
             log.debug("dedup_count_failed", error=str(exc)[:200])
         await asyncio.sleep(every_seconds)

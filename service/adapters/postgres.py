@@ -225,6 +225,28 @@ SELECT (SELECT coalesce(array_agg(currency), '{}') FROM per) AS currencies,
        (SELECT extract(epoch FROM now() - min(processed_at))::float8
           FROM processed_transactions) AS oldest_dedup_seconds
 """
+# The cards not ACTIVE, by status; the ten limits nearest their ceiling in the period under
+# way (usage over maximum, by amount or count, whichever is nearer).
+_CONTROLS_GAUGES = """
+WITH frozen AS (
+    SELECT status, count(*) AS n FROM cards WHERE status <> 'ACTIVE' GROUP BY status
+), nearest AS (
+    SELECT l.limit_id,
+           greatest(u.amount / nullif(l.max_amount, 0),
+                    u.count::numeric / nullif(l.max_count, 0))::float8 AS ratio
+      FROM limit_usage u JOIN spending_limits l USING (limit_id)
+     WHERE u.period_start >= date_trunc('month', now() AT TIME ZONE $1)::date - 7
+       AND u.period_start = payauth_period_start(l.period, now(), $1)
+     ORDER BY 2 DESC NULLS LAST
+     LIMIT 10
+)
+SELECT (SELECT coalesce(array_agg(status ORDER BY status), '{}') FROM frozen) AS statuses,
+       (SELECT coalesce(array_agg(n ORDER BY status), '{}') FROM frozen) AS counts,
+       (SELECT coalesce(array_agg(limit_id ORDER BY ratio DESC NULLS LAST), '{}')
+          FROM nearest) AS limit_ids,
+       (SELECT coalesce(array_agg(coalesce(ratio, 0) ORDER BY ratio DESC NULLS LAST), '{}')
+          FROM nearest) AS ratios
+"""
 _RECORD_SIGHTINGS = """INSERT INTO duplicate_sightings (seen_at, cause, layer, partition, txn_ids)
 VALUES ($1, $2, $3, $4, $5::text[])"""
 _REPLAY_MARKS = """SELECT partition, before_offset FROM replay_marks
@@ -485,6 +507,15 @@ class PostgresStore:
         try:
             async with self._pool.acquire() as conn:
                 row = await conn.fetchrow(_LIFECYCLE_GAUGES, str(expiry_hours))
+        except Exception as exc:
+            _raise_translated(exc)
+        return dict(row) if row else {}
+
+    async def controls_gauges(self, limits_timezone: str) -> dict[str, Any]:
+        """What the card controls' gauges show (``metrics``): one read-only round trip."""
+        try:
+            async with self._pool.acquire() as conn:
+                row = await conn.fetchrow(_CONTROLS_GAUGES, limits_timezone)
         except Exception as exc:
             _raise_translated(exc)
         return dict(row) if row else {}

@@ -256,3 +256,35 @@ def test_the_commands_refuse_bad_input_with_one_line_and_change_nothing(env,
     assert bad_zone.returncode == 2 and "PAYAUTH_LIMITS_TIMEZONE" in bad_zone.stderr
     shown = payauth(env, "limits", "show", "--card", t["card"]).stdout
     assert shown.strip() == "limits: none"
+
+
+def test_the_gauges_name_the_frozen_cards_and_the_limits_nearest_their_ceiling(
+        env, tmp_path) -> None:
+    """What the worker's gauges read each minute (``PostgresStore.controls_gauges``): the
+    cards that are not ACTIVE by status, the limits nearest their ceiling now."""
+    import asyncio
+    from datetime import UTC, datetime
+
+    from service.adapters.postgres import PostgresStore
+
+    t = lc.names("acc", "card", "lost", "lim", "lim2")
+    lc.seed(env, (t["acc"], "10.00"))
+    _controls(env, tmp_path, [f"{t['card']},{t['acc']}", f"{t['lost']},{t['acc']},LOST"],
+              [f"{t['lim']},CARD,{t['card']},DAY,100.00,", f"{t['lim2']},CARD,{t['card']},"
+               "MONTH,,10"])
+    today = datetime.now(UTC).date()
+    stack.fetch(env.dsn, "INSERT INTO limit_usage (limit_id, period_start, amount, count) "
+                         "VALUES ($1, $3, 90, 1), ($2, date_trunc('month', $3::date), 2, 2) "
+                         "RETURNING 1", t["lim"], t["lim2"], today)
+
+    async def read() -> dict[str, Any]:
+        store = await PostgresStore.connect(env.dsn)
+        try:
+            return await store.controls_gauges("UTC")
+        finally:
+            await store.close()
+
+    gauges = asyncio.run(read())
+    assert dict(zip(gauges["statuses"], gauges["counts"], strict=True))["LOST"] >= 1
+    ratios = dict(zip(gauges["limit_ids"], gauges["ratios"], strict=True))
+    assert (ratios.get(t["lim"]), ratios.get(t["lim2"])) == (0.9, 0.2), ratios
