@@ -32,7 +32,14 @@ from confluent_kafka import Consumer, Producer
 from service.adapters.kafka.admin import group_lag
 from service.adapters.kafka.config import client_config
 from service.config import Settings
-from service.devtools.demo_day import DayRow, day_accounts, day_events, issuers_day, print_day
+from service.devtools.demo_day import (
+    DayRow,
+    card_controls_setup,
+    day_accounts,
+    day_events,
+    issuers_day,
+    print_day,
+)
 from service.devtools.network_message import authorization_message
 from service.devtools.processes import WorkerProcess
 from service.domain.vocabulary import DuplicateCause
@@ -185,6 +192,7 @@ async def seed_accounts(dsn: str, run: str, n: int, rng: random.Random
         else:
             accounts[account_id] = (Decimal(rng.randint(200_000, 900_000)) / 100, "EUR", "ACTIVE")
     day, small = day_accounts(run)
+    cards, controls = card_controls_setup(run)
     conn = await asyncpg.connect(dsn)
     try:
         await conn.executemany(
@@ -192,8 +200,11 @@ async def seed_accounts(dsn: str, run: str, n: int, rng: random.Random
             "VALUES ($1, $2, $2, $3, $4)",
             [(a, b, c, s) for a, (b, c, s) in accounts.items()]
             + [(day, Decimal("1000.00"), "EUR", "ACTIVE"),
-               (small, Decimal("80.00"), "EUR", "ACTIVE")],
+               (small, Decimal("80.00"), "EUR", "ACTIVE"),
+               (cards, Decimal("1000.00"), "EUR", "ACTIVE")],
         )
+        for statement in controls:
+            await conn.execute(statement)
     finally:
         await conn.close()
     return accounts

@@ -1,8 +1,10 @@
 """The demo's issuer's day: one message of each kind of an issuer's day (a verification, a
 balance inquiry asked again after a purchase, a partial approval, a hotel hold with two
 increments, a purchase abroad, a split shipment, a clearing before its advice) on two
-accounts of its own, the event fields each should publish, and the table that shows them
-expected against observed."""
+accounts of its own, then the card controls on a third (a frozen card, an expired card, a
+blocked merchant category, a daily limit reached and the next day's purchase approved), the
+event fields each should publish, and the table that shows them expected against
+observed."""
 
 from __future__ import annotations
 
@@ -28,6 +30,52 @@ Add = Callable[..., bytes]
 def day_accounts(run: str) -> tuple[str, str]:
     """The accounts of the issuer's day: one with 1,000.00 EUR, one with 80.00 EUR."""
     return f"DAY-{run}", f"DAY-{run}-small"
+
+
+def card_controls_setup(run: str) -> tuple[str, list[str]]:
+    """The card controls' account (1,000.00 EUR, seeded with the day's) and the SQL that
+    gives it its cards, its card's daily limit of 100.00 and a blocked category."""
+    acc = f"DAY-{run}-cards"
+    return acc, [
+        f"INSERT INTO cards (card_id, account_id, status, expires_on) VALUES "
+        f"('{run}-CARD', '{acc}', 'ACTIVE', '2030-12-31'), "
+        f"('{run}-FROZEN', '{acc}', 'FROZEN', NULL), "
+        f"('{run}-OLD', '{acc}', 'ACTIVE', '2026-03-31')",
+        f"INSERT INTO spending_limits (limit_id, scope, scope_id, period, max_amount) VALUES "
+        f"('{run}-DAILY', 'CARD', '{run}-CARD', 'DAY', 100.00)",
+        f"INSERT INTO card_blocks (scope, scope_id, kind, value) VALUES "
+        f"('CARD', '{run}-CARD', 'CATEGORY', '7995')",
+    ]
+
+
+def card_controls(run: str, next_txn: Callable[[], str], add: Add) -> list[DayRow]:
+    """Adds the card controls' messages through ``add`` (their own times: two days of
+    April); returns what each should publish."""
+    acc, _ = card_controls_setup(run)
+    rows: list[DayRow] = []
+
+    def send(label: str, card: str, amount: str, at: str, expect: dict[str, Any],
+             **fields: Any) -> None:
+        txn = next_txn()
+        message = authorization_message(txn, account_id=acc, amount=amount, card_id=card,
+                                        **fields)
+        message["headers"]["timestamp"] = at
+        add(acc, message, "approved" if expect.get("result") == "APPROVED" else "declined")
+        rows.append((label, txn, expect))
+
+    send("frozen card", f"{run}-FROZEN", "10.00", "2026-04-07T09:00:00Z",
+         {"decline_reason": "CARD_BLOCKED", "card_status": "FROZEN"})
+    send("expired card (March 2026)", f"{run}-OLD", "10.00", "2026-04-07T09:05:00Z",
+         {"decline_reason": "CARD_EXPIRED"})
+    send("blocked category (7995)", f"{run}-CARD", "10.00", "2026-04-07T09:10:00Z",
+         {"decline_reason": "CATEGORY_BLOCKED"}, merchant_category="7995")
+    send("daily limit 100.00: 70.00", f"{run}-CARD", "70.00", "2026-04-07T10:00:00Z",
+         {"result": "APPROVED"})
+    send("  then 40.00 the same day", f"{run}-CARD", "40.00", "2026-04-07T23:59:59Z",
+         {"decline_reason": "LIMIT_EXCEEDED", "limit_id": f"{run}-DAILY"})
+    send("  40.00 the next day", f"{run}-CARD", "40.00", "2026-04-08T00:00:01Z",
+         {"result": "APPROVED"})
+    return rows
 
 
 def issuers_day(run: str, next_txn: Callable[[], str], add: Add) -> list[DayRow]:
@@ -81,7 +129,7 @@ def issuers_day(run: str, next_txn: Callable[[], str], add: Add) -> list[DayRow]
                                    authorization_type="ADVICE"), "approved", late=True)
     day.append(("  the advice, after it", advice,
                 {"amount_already_cleared": "25.00", "held_delta": "0.00"}))
-    return day
+    return day + card_controls(run, next_txn, add)
 
 
 def day_events(settings: Settings, txns: set[str]) -> dict[str, list[dict[str, Any]]]:

@@ -17,7 +17,8 @@ KEYS = {
     "raw_consume_per_s", "p50_ms", "p99_ms", "hot_account_auth_per_s", "pg_commits_per_msg",
     "redis_calls_per_msg", "worker_rss_mb", "ratio_vs_pgbench", "ratio_vs_naive",
     "ratio_replay_vs_raw", "ratio_hot_vs_uniform", "lifecycle_auth_per_s",
-    "ratio_lifecycle_vs_purchase",
+    "ratio_lifecycle_vs_purchase", "limits_plain_auth_per_s", "limits_auth_per_s",
+    "ratio_limits_vs_plain",
 }
 
 
@@ -33,6 +34,8 @@ def test_bench_smoke_writes_every_key_and_verify_holds(live_stack, tmp_path) -> 
     assert results["verify_ok"] is True and results["mode"] == "smoke"
     assert all(results[k] > 0 for k in KEYS if k not in ("p50_ms", "p99_ms"))
     assert results["latency_samples"] > 0
+    # The limits phase counted every purchase once in its card's daily limit.
+    assert results["limits_counted"] == results["limits_messages"] > 0
     # Every event of the latency phase came back; the curve has its four loads; the worker's
     # own account of where a batch's time went is there.
     assert results["latency_events_missing"] == 0

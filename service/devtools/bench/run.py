@@ -19,6 +19,10 @@ Phases, each on its own topic/group in one fresh database with 10,000 accounts:
               clearings, partial reversals and clearings, full reversals, increments, split
               clearings, holds abroad and partial approvals (``lifecycle.py``); its rate
               against the backlog's (``ratio_lifecycle_vs_purchase``)
+  limits      two backlogs of purchases of the same size, each account's on its card: one
+              on cards without limits, then one on cards with a daily and a monthly limit
+              each (none reached), one worker each; the second's rate against the first's
+              (``ratio_limits_vs_plain``): what the card controls cost
   hot         every authorization on one account
   latency     paced at 70 % of `new` after a warm-up: produce → result event, p50/p99; then
               50 %, 25 % and 5 % (the curve); then the sustainable rate, the highest whose
@@ -101,11 +105,12 @@ RATIOS = {
     "ratio_replay_vs_raw": ("replay_dups_per_s", "raw_consume_per_s", 3),
     "ratio_hot_vs_uniform": ("hot_account_auth_per_s", "new_auth_per_s", 3),
     "ratio_lifecycle_vs_purchase": ("lifecycle_auth_per_s", "new_auth_per_s", 3),
+    "ratio_limits_vs_plain": ("limits_auth_per_s", "limits_plain_auth_per_s", 3),
 }
 # The phases, in order; BENCH_PHASES picks some (the backlog of new authorizations always
 # runs: the others are held against it).
-PHASES = ("pgbench", "raw", "new", "replay", "db_limit", "lifecycle", "hot", "latency",
-          "floor", "naive")
+PHASES = ("pgbench", "raw", "new", "replay", "db_limit", "lifecycle", "limits", "hot",
+          "latency", "floor", "naive")
 
 
 def log(msg: str) -> None:
@@ -150,17 +155,22 @@ class Bench:
         await self.seed([(account_id(i), Decimal("1000000000")) for i in range(ACCOUNTS)],
                         analyze=True)
 
-    def messages(self, n: int, *, hot: bool = False, tag: str = "N") -> list[tuple[str, bytes]]:
+    def messages(self, n: int, *, hot: bool = False, tag: str = "N", cards: str = ""
+                 ) -> list[tuple[str, bytes]]:
+        """``cards``: a prefix: each message names its account's card, the prefix and the
+        account's number."""
         out = []
         for i in range(n):
-            acc = account_id(0 if hot else self.rng.randrange(ACCOUNTS))
+            number = 0 if hot else self.rng.randrange(ACCOUNTS)
+            acc = account_id(number)
+            card = {"card_id": f"{cards}{number:05d}"} if cards else {}
             # A letter before the number: a run id ending in digits would otherwise make a
             # 13-digit run that sends every message through the card-number scan (about one
             # run in seven), a cost the next run would not have.
             txn = f"B{tag}-{self.run}-T{i:08d}"
             amount = f"{self.rng.randint(1, 10_000) / 100:.2f}"
             out.append((acc, json.dumps(authorization_message(txn, account_id=acc,
-                                                              amount=amount)).encode()))
+                                                              amount=amount, **card)).encode()))
         return out
 
     def records(self, n: int, tag: str) -> list[tuple[str, bytes]]:
@@ -389,6 +399,58 @@ class Bench:
             f"{self.results['lifecycle_holds']}, of an issuer's day "
             f"{self.results['lifecycle_day']}")
 
+    def phase_limits(self) -> None:
+        """The purchase backlog's size twice, each account's purchases on its card: first on
+        cards without limits, then on cards with a daily and a monthly limit each, none
+        reached (the messages are of one day); one worker each, as over the backlog."""
+        asyncio.run(self.seed_cards())
+        for name, prefix in (("limits_plain", "BP-"), ("limits", "BK-")):
+            topic = self.topic(name)
+            self.produce(topic, self.messages(self.sizes.new, tag=name[-1].upper(),
+                                              cards=prefix))
+            group = f"bench-{name}-{self.run}"
+            worker = self.worker(topic, group, name)
+            assert worker.proc is not None
+            worker.port()
+            cpu_before = cpu.sample(worker.proc.pid)
+            rate = self.throughput(worker, group, topic, self.sizes.new)
+            self.results[f"{name}_cpu_us_per_auth"] = cpu.per_item(
+                cpu_before, cpu.sample(worker.proc.pid), self.sizes.new)
+            assert worker.terminate() == 0
+            self.results[f"{name}_auth_per_s"] = round(rate, 1)
+            log(f"one worker, purchases on cards {'with' if name == 'limits' else 'without'} "
+                f"limits: {rate:,.0f} auth/s")
+        # Every purchase counted once in its card's daily limit (none was declined).
+        self.results["limits_messages"] = self.sizes.new
+        self.results["limits_counted"] = asyncio.run(self.counted_in_daily_limits())
+
+    async def counted_in_daily_limits(self) -> int:
+        conn = await asyncpg.connect(self.dsn)
+        try:
+            return int(await conn.fetchval(
+                "SELECT coalesce(sum(count), 0) FROM limit_usage WHERE limit_id LIKE 'LD-%'"))
+        finally:
+            await conn.close()
+
+    async def seed_cards(self) -> None:
+        """Two cards per account: BP-n without limits, BK-n with a daily and a monthly
+        limit that the phase never reaches."""
+        conn = await asyncpg.connect(self.dsn)
+        try:
+            await conn.copy_records_to_table(
+                "cards", columns=["card_id", "account_id"],
+                records=[(f"{prefix}{i:05d}", account_id(i)) for i in range(ACCOUNTS)
+                         for prefix in ("BP-", "BK-")])
+            await conn.copy_records_to_table(
+                "spending_limits", columns=["limit_id", "scope", "scope_id", "period",
+                                            "max_amount", "max_count"],
+                records=[(f"L{period[0]}-{i:05d}", "CARD", f"BK-{i:05d}", period,
+                          Decimal("100000000"), 100_000) for i in range(ACCOUNTS)
+                         for period in ("DAY", "MONTH")])
+            await conn.execute("ANALYZE cards, spending_limits")
+        finally:
+            await conn.close()
+
     async def seed(self, accounts: list[tuple[str, Decimal]], *, analyze: bool = False
                    ) -> None:
         """Euro accounts with these balances (their opening balances too)."""
@@ -575,7 +637,7 @@ class Bench:
         if "raw" in wanted:
             self.phase_raw(topic, self.sizes.new)
         self.phase_new_and_replay(topic, self.sizes.new, replays="replay" in wanted)
-        for phase in ("db_limit", "lifecycle", "hot", "latency", "floor", "naive"):
+        for phase in ("db_limit", "lifecycle", "limits", "hot", "latency", "floor", "naive"):
             if phase in wanted:
                 getattr(self, f"phase_{phase}")()
         text, ok = report(asyncio.run(verify(self.dsn)))
@@ -608,6 +670,7 @@ TARGETS = {
     "redis_calls_per_msg": ("<=", 0.1), "worker_rss_mb": ("<=", 200),
     "ratio_sustainable_vs_backlog": (">=", 0.7), "ratio_vs_db_limit": (">=", 0.6),
     "ratio_p99_vs_floor_25": ("<=", 3), "ratio_lifecycle_vs_purchase": (">=", 0.8),
+    "ratio_limits_vs_plain": (">=", 0.85),
 }
 
 
@@ -617,10 +680,12 @@ def render(r: dict[str, Any]) -> str:
     for key in ("new_auth_per_s", "sustainable_auth_per_s", "db_limit_auth_per_s",
                 "baseline_naive_auth_per_s", "pgbench_one_auth_per_call_tps",
                 "replay_dups_per_s", "raw_consume_per_s", "hot_account_auth_per_s",
-                "lifecycle_auth_per_s", "p50_ms", "p99_ms", "pg_commits_per_msg",
+                "lifecycle_auth_per_s", "limits_plain_auth_per_s", "limits_auth_per_s",
+                "p50_ms", "p99_ms", "pg_commits_per_msg",
                 "redis_calls_per_msg", "worker_rss_mb", "ratio_sustainable_vs_backlog",
                 "ratio_vs_db_limit", "ratio_p99_vs_floor_25", "ratio_vs_pgbench", "ratio_vs_naive",
-                "ratio_replay_vs_raw", "ratio_hot_vs_uniform", "ratio_lifecycle_vs_purchase"):
+                "ratio_replay_vs_raw", "ratio_hot_vs_uniform", "ratio_lifecycle_vs_purchase",
+                "ratio_limits_vs_plain"):
         value = flat.get(key)
         target = TARGETS.get(key)
         mark = ""
@@ -635,6 +700,10 @@ def render(r: dict[str, Any]) -> str:
         f"{kind} {value:,}" for kind, value in cpu_us.items()) + "  (worker <= 40)")
     lines.append("lifecycle_cpu_us_per_msg      " + ", ".join(
         f"{kind} {value:,}" for kind, value in r.get("lifecycle_cpu_us_per_msg", {}).items()))
+    for name in ("limits_plain", "limits"):
+        lines.append(f"{name + '_cpu_us_per_auth':<30}" + ", ".join(
+            f"{kind} {value:,}" for kind, value in r.get(f"{name}_cpu_us_per_auth",
+                                                          {}).items()))
     floor = r.get("kafka_floor_p99_ms", {})
     lines.append("kafka_floor_p99_ms            " + ", ".join(
         f"{k} {v:,}" for k, v in floor.items()))
