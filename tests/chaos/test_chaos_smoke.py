@@ -18,6 +18,7 @@ KINDS = {
     "worker_sigterm", "worker_sigstop_zombie", "worker_joins_mid_batch",
     "transaction_rolled_back", "redis_stopped", "redis_flushed", "redis_restarted",
     "postgres_paused", "postgres_unreachable", "postgres_restarted", "kafka_broker_restarted",
+    "card_status_changed",
 }
 
 
@@ -53,3 +54,8 @@ def test_a_short_chaos_run_injects_every_fault_and_holds_every_invariant(live_st
     for kind in ("lc_verification", "lc_increment", "lc_clearing_partial",
                  "lc_authorization_abroad", "lc_clearing_early"):
         assert int(sent.get(kind, 0)) > 0, (kind, sent)
+    # the card controls: limits counted once, a frozen card, a card frozen and thawed
+    for kind in ("decline_card_frozen", "card_toggled_verification"):
+        assert int(sent.get(kind, 0)) > 0, (kind, sent)
+    assert "PASS  each spending limit counted what the log implies, once" in out
+    assert "PASS  a card's status judges every decision made after it commits" in out

@@ -41,6 +41,7 @@ from service.adapters.kafka.admin import group_lag, read_snapshot
 from service.adapters.kafka.config import client_config
 from service.adapters.redis_cache import BUCKET_PREFIX, master_options, sentinel_options
 from service.config import Settings
+from service.devtools.chaos.cards import limit_findings, toggle_findings
 from service.devtools.chaos.database_state import database_state
 from service.devtools.chaos.lifecycle_model import Expected, implied_by
 from service.devtools.chaos.rebuild import Finding, rebuilt_from_events, reversals_applied
@@ -99,11 +100,14 @@ def _redis(settings: Settings) -> redis.Redis:
 
 def check(settings: Settings, log_path: Path, *, redis_prefix: str | None = None,
           hold_expiry_hours: float | None = None,
-          purged: dict[str, dict[str, Any]] | None = None) -> Report:
+          purged: dict[str, dict[str, Any]] | None = None,
+          card_changes: int | None = None) -> Report:
     """``hold_expiry_hours``: the run's ``PAYAUTH_HOLD_EXPIRY_HOURS``, below which no hold
     may have expired (None: not checked). ``purged``: the dedup records ``payauth purge``
     may have deleted during the run, as they were read just before it (a superset of what
-    it deleted): decisions all the same, held to everything a record still there is."""
+    it deleted): decisions all the same, held to everything a record still there is.
+    ``card_changes``: how many status changes the run started on its toggled card (None:
+    unknown; cards.py)."""
     log = read_log(log_path)
     dsn = settings.database_url.get_secret_value()
     dlq = read_all(settings, settings.dlq_topic)
@@ -192,7 +196,9 @@ def check(settings: Settings, log_path: Path, *, redis_prefix: str | None = None
                 decisions.violations.append(f"{txn}: never decided")
             continue
         assert row is not None
-        if row["result"].lower() != want and \
+        if sent[txn].get("toggle"):
+            pass  # judged by the status it read: toggle_findings below
+        elif row["result"].lower() != want and \
                 not expired_first(sent[txn], row, db["holds"]):
             decisions.violations.append(f"{txn}: {row['result']} but expected {want}")
         if row["fingerprint"] != first_fp[txn]:
@@ -204,6 +210,8 @@ def check(settings: Settings, log_path: Path, *, redis_prefix: str | None = None
                                     f"implies {'none' if posting is None else posting}")
     findings += [decisions, money]
     findings += lifecycle_findings(model, db, hold_expiry_hours)
+    findings += [limit_findings(log, db["usage"]),
+                 toggle_findings(log, processed, card_changes)]
 
     # --- the output topic
     events = Finding("an event for every decided transaction; repeats identical")

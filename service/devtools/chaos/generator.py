@@ -3,8 +3,11 @@
 Outcomes are made deterministic by the accounts they target, whatever the interleaving:
 rich accounts (never run out) approve purchases and refunds; an empty account declines for
 funds; a blocked one, a USD one (EUR requests) and a missing one decline for their reasons;
-each partial approval has an account of its own whose balance it asks more than. So the
-checker knows each transaction's right result without replaying the worker's logic.
+each partial approval has an account of its own whose balance it asks more than; a card
+frozen from the start declines its purchases. So the checker knows each transaction's
+right result without replaying the worker's logic; the one exception is a verification on
+the card frozen and thawed among the faults, judged by the status its decision read
+(cards.py).
 
 Each log line is one message as the broker acknowledged it (partition and offset from the
 delivery report; one acknowledged without an offset is found in its partition once the
@@ -20,8 +23,10 @@ for messages that must end in the dead-letter topic (``reason`` then says which)
 message also carries its ``type``, ``amount`` and ``original``, and when the message has
 them its ``currency``, ``billing_amount``/``billing_currency``, ``partial`` (partial
 approval supported), ``final`` (a clearing's) and ``approved`` (what a partial approval
-approves): what the checker's model of the money reads, lifecycle_model.py. ``pinned``
-marks one sent to a partition of the generator's choosing rather than its key's.
+approves): what the checker's model of the money reads, lifecycle_model.py. ``card`` is
+the card a message names, and ``toggle`` what had changed of the toggled card when it was
+sent (changes started, done, the last status, whether one never answered; cards.py).
+``pinned`` marks one sent to a partition of the generator's choosing rather than its key's.
 
 Among the purchases go lifecycles (``lc_*`` kinds, lifecycles.py): a share
 (``lifecycle_share``) of the steps starts one, whose later messages are sent when due,
@@ -49,7 +54,7 @@ from typing import IO, Any
 import asyncpg
 from confluent_kafka import Producer
 
-from service.devtools.chaos import placement
+from service.devtools.chaos import cards, placement
 from service.devtools.chaos.lifecycles import Planned, Scripts
 from service.devtools.network_message import authorization_message
 from service.domain.messages import decode_authorization
@@ -66,6 +71,10 @@ class Accounts:
     usd: str
     missing: str
     partial: list[tuple[str, Decimal]]  # (account, balance): one partial approval each
+    # The card controls (cards.py): a rich account's card with limits is cards.card_of(it);
+    # a card frozen all along, and the card frozen and thawed among the faults.
+    frozen: tuple[str, str] = ("", "")  # (account, card)
+    toggle: cards.CardToggle | None = None
 
 
 async def seed_accounts(dsn: str, run: str, n_rich: int = 50, n_partial: int = 400
@@ -76,17 +85,25 @@ async def seed_accounts(dsn: str, run: str, n_rich: int = 50, n_partial: int = 4
         empty=f"CHE-{run}", blocked=f"CHB-{run}", usd=f"CHU-{run}", missing=f"CHM-{run}",
         partial=[(f"CHP-{run}-{i:03d}", Decimal(rng.randint(500, 20_000)) / 100)
                  for i in range(n_partial)],
+        frozen=(f"CHF-{run}", f"CHF-{run}-CARD"),
+        toggle=cards.CardToggle(f"CHT-{run}", f"CHT-{run}-CARD"),
     )
+    assert accounts.toggle is not None
     rows = [(a, RICH_BALANCE, "EUR", "ACTIVE") for a in accounts.rich]
     rows += [(a, balance, "EUR", "ACTIVE") for a, balance in accounts.partial]
     rows += [(accounts.empty, Decimal(0), "EUR", "ACTIVE"),
              (accounts.blocked, Decimal(1000), "EUR", "BLOCKED"),
-             (accounts.usd, Decimal(1000), "USD", "ACTIVE")]
+             (accounts.usd, Decimal(1000), "USD", "ACTIVE"),
+             (accounts.frozen[0], RICH_BALANCE, "EUR", "ACTIVE"),
+             (accounts.toggle.account, RICH_BALANCE, "EUR", "ACTIVE")]
     conn = await asyncpg.connect(dsn)
     try:
         await conn.executemany(
             "INSERT INTO accounts (account_id, balance, opening_balance, currency, status) "
             "VALUES ($1, $2, $2, $3, $4)", rows)
+        for statement, args in cards.setup_statements(
+                accounts.rich, accounts.frozen, (accounts.toggle.account, accounts.toggle.card)):
+            await conn.execute(statement, *args)
     finally:
         await conn.close()
     return accounts
@@ -201,8 +218,10 @@ class LoadGenerator:
         amount = f"{self._rng.randint(1, 50_000) / 100:.2f}"
         if roll < 0.70:
             acc = self._rng.choice(a.rich)
+            # Half on the account's card, whose limits count them (cards.py).
+            card = {"card_id": cards.card_of(acc)} if self._rng.random() < 0.5 else {}
             return "new_purchase", acc, authorization_message(txn, account_id=acc,
-                                                              amount=amount), "approved"
+                                                              amount=amount, **card), "approved"
         if roll < 0.76:
             acc = self._rng.choice(a.rich)
             return "new_refund", acc, authorization_message(
@@ -216,8 +235,17 @@ class LoadGenerator:
         if roll < 0.94:
             return "decline_currency", a.usd, authorization_message(
                 txn, account_id=a.usd, amount=amount), "declined"
-        return "decline_unknown", a.missing, authorization_message(
-            txn, account_id=a.missing, amount=amount), "declined"
+        if roll < 0.96:
+            return "decline_unknown", a.missing, authorization_message(
+                txn, account_id=a.missing, amount=amount), "declined"
+        if roll < 0.98 or a.toggle is None:
+            return "decline_card_frozen", a.frozen[0], authorization_message(
+                txn, account_id=a.frozen[0], amount=amount, card_id=a.frozen[1]), "declined"
+        # On the card frozen and thawed among the faults: decided by the status it reads
+        # (the checker holds it to that, cards.toggle_findings).
+        return "card_toggled_verification", a.toggle.account, authorization_message(
+            txn, account_id=a.toggle.account, amount="0.00", authorization_type="VERIFICATION",
+            card_id=a.toggle.card), "approved"
 
     def step(self) -> None:
         """Send one new transaction, sometimes followed by duplicates, a conflict or junk;
@@ -254,6 +282,11 @@ class LoadGenerator:
                 fields[name] = body[field]
         if approved is not None:
             fields["approved"] = approved
+        if body.get("card_id") is not None:
+            fields["card"] = body["card_id"]
+            toggle = self._accounts.toggle
+            if toggle is not None and body["card_id"] == toggle.card:
+                fields["toggle"] = toggle.now()  # what had changed when it was sent
         raw = json.dumps(message).encode()
         auth = decode_authorization(raw)
         txn, fp = auth.transaction_id, auth.fingerprint

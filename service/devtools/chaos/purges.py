@@ -25,6 +25,7 @@ from service.devtools.processes import ROOT
 _DELETED = re.compile(r"purge: deleted (\d+) dedup record")
 _SNAPSHOT = """
 SELECT txn_id, result, decline_reason, fingerprint, source_partition, source_offset,
+       input_card_status,
        processed_at
   FROM processed_transactions
  WHERE processed_at < now() - $1::float8 * interval '1 second'

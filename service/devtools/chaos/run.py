@@ -6,14 +6,17 @@ purges are modules of their own.
 
 Three workers in one group on the local stack; a load generator with a ground-truth log
 (purchases, refunds and declines, and lifecycles among them: holds, advices, reversals,
-clearings, orphans; see lifecycles.py); ``payauth holds expire --execute`` every few seconds
+clearings, orphans; see lifecycles.py; half the purchases on cards with spending limits, and
+verifications on a card frozen and thawed among the faults, cards.py); ``payauth holds
+expire --execute`` every few seconds
 while faults strike, two at once sometimes (expiry.py); two lanes of seeded, random faults
 (workers: kill -9, kill -9 at the commit points, SIGTERM, SIGSTOP past the poll interval, a
 member joining mid-batch, a planned rollback; services: Redis stopped/flushed/restarted,
 PostgreSQL restarted/paused/unreachable, the Kafka broker restarted, ``payauth purge`` with
 a retention window of minutes, so that redeliveries and lifecycles meet purged records;
-purges.py). Then faults (and the expiry runs) stop, the load runs on 15 s past the last one
-(a fault that ran late still strikes under load), lag drains to zero, a last expiry run
+purges.py; ``payauth cards status`` freezing or thawing a card). Then faults (and the
+expiry runs) stop, the load runs on 15 s past the last one (a fault that ran late still
+strikes under load), lag drains to zero, a last expiry run
 publishes what the others left in its outbox, the checker runs, ``payauth replay --shadow
 --to-earliest`` must find that deciding the whole stream again changes nothing, and a table
 is printed. Exit 1 on any violation.
@@ -385,12 +388,20 @@ class Chaos:
             "postgres_paused": outage(self.proxy.pause, self.proxy.resume, 6),
             "postgres_unreachable": outage(self.proxy.cut, self.proxy.restore, 5),
             "dedup_purged": self.purge,
+            "card_status_changed": self.flip_card,
         }
         if self.pg_ours:
             faults["postgres_restarted"] = lambda: _stack("restart-postgres")
         if self.kafka_ours:
             faults["kafka_broker_restarted"] = lambda: _stack("restart-kafka")
         return faults
+
+    def flip_card(self) -> None:
+        """Freeze the toggled card, or thaw it (``payauth cards status``; cards.py)."""
+        assert self.accounts.toggle is not None
+        self.accounts.toggle.flip(self.dsn)
+        if self.accounts.toggle.uncertain:
+            self.errors.append("payauth cards status never answered")
 
     def purge(self) -> None:
         if self.purges.run_once() != 0:
@@ -507,7 +518,9 @@ class Chaos:
         self.supervisor.stop()
         report = check(self.worker_settings, truth, redis_prefix=f"CH-{self.run}-",
                        hold_expiry_hours=self.hold_expiry_seconds / 3600,
-                       purged=self.purges.snapshot)
+                       purged=self.purges.snapshot,
+                       card_changes=self.accounts.toggle.started
+                       if self.accounts.toggle else None)
         shadow = shadow_replay(self.purges.env, self.out / "shadow.txt")
         log(f"shadow replay of the whole stream: exit {shadow}")
         if shadow != 0:
