@@ -149,10 +149,11 @@ def test_a_fresh_database_and_one_upgraded_from_012_end_the_same(
 
 def test_the_rule_version_is_the_rule_files_whatever_the_path(
         empty_database: Callable[[], str]) -> None:
-    """The version recorded with each decision is the md5 of the bodies of the rule's three
+    """The version recorded with each decision is the md5 of the bodies of the rule's four
     functions, as their files have them, whichever way the database came to them."""
     bodies = []
-    for name in ("payauth_decide", "payauth_account_amount", "payauth_approved"):
+    for name in ("payauth_decide", "payauth_account_amount", "payauth_approved",
+                 "payauth_card_verdict"):
         body = re.search(r"AS \$\$(.*?)\$\$;", (DEFINITIONS_DIR / f"{name}.sql").read_text(),
                          re.S)
         assert body, name
