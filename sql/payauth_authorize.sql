@@ -74,7 +74,7 @@ CREATE OR REPLACE FUNCTION payauth_authorize(
     p_card_ids           text[],
     p_categories         text[],
     p_countries          text[],
-    p_times              timestamptz[],
+    p_times              text[],  -- ISO 8601, read only where a control applies
     p_tz                 text
 ) RETURNS TABLE (result text, decline_reason text, amount_applied text, forced boolean,
                  orphan boolean, mismatch text, balance_delta text, held_delta text,

@@ -59,7 +59,7 @@ CREATE OR REPLACE FUNCTION payauth_authorize_each(
     p_card_ids           text[],
     p_categories         text[],
     p_countries          text[],
-    p_times              timestamptz[],  -- each message's own time
+    p_times              text[],  -- each message's own time (ISO 8601)
     p_tz                 text            -- PAYAUTH_LIMITS_TIMEZONE
 ) RETURNS TABLE (result text, decline_reason text, amount_applied text, forced boolean,
                  orphan boolean, mismatch text, balance_delta text, held_delta text,
@@ -199,7 +199,7 @@ BEGIN
         SELECT ci.card_status, ci.card_expires, ci.blocks, ci.message_day
           INTO c_st, c_exp, c_blk, mday
           FROM payauth_card_inputs(ARRAY[acct], ARRAY[p_card_ids[i]], ARRAY[p_categories[i]],
-                                   ARRAY[p_countries[i]], ARRAY[p_times[i]], p_tz) ci;
+                                   ARRAY[p_countries[i]], ARRAY[p_times[i]::timestamptz], p_tz) ci;
         verdict := payauth_card_verdict(p_card_ids[i], c_st, c_exp, mday, c_blk);
         room := NULL; croom := NULL; e_lim := NULL; lims := NULL; lim_id := NULL;
         IF kind IN ('PURCHASE', 'AUTHORIZATION', 'INCREMENTAL', 'ADVICE') THEN
@@ -212,7 +212,7 @@ BEGIN
                    array_agg(ls.used_count ORDER BY ls.limit_id)
               INTO room, croom, e_lim, e_start, e_ma, e_mc, e_ua, e_uc
               FROM payauth_limit_slots(ARRAY[acct], ARRAY[p_card_ids[i]],
-                                       ARRAY[p_categories[i]], ARRAY[kind], ARRAY[p_times[i]],
+                                       ARRAY[p_categories[i]], ARRAY[kind], ARRAY[p_times[i]::timestamptz],
                                        p_tz) ls;
             IF e_lim IS NOT NULL THEN
                 SELECT r.lims INTO lims
@@ -445,7 +445,7 @@ BEGIN
                 p_partial_ok[i], granted, CASE WHEN kind = 'CLEARING' THEN fin END,
                 hold_seen,
                 CASE WHEN kind = 'BALANCE_INQUIRY' AND res = 'APPROVED' THEN a.balance END,
-                cleared, CASE WHEN judged THEN p_times[i] END, p_card_ids[i],
+                cleared, CASE WHEN judged THEN p_times[i]::timestamptz END, p_card_ids[i],
                 CASE WHEN judged THEN p_categories[i] END,
                 CASE WHEN judged THEN p_countries[i] END, c_st, c_exp, c_blk, lims, lim_id)
             ON CONFLICT (txn_id) DO NOTHING;

@@ -41,7 +41,7 @@ CREATE OR REPLACE FUNCTION payauth_authorize_lifecycle(
     p_card_ids           text[],
     p_categories         text[],
     p_countries          text[],
-    p_times              timestamptz[],  -- each message's own time
+    p_times              text[],  -- each message's own time (ISO 8601)
     p_tz                 text            -- PAYAUTH_LIMITS_TIMEZONE
 ) RETURNS TABLE (result text, decline_reason text, amount_applied text, forced boolean,
                  orphan boolean, mismatch text, balance_delta text, held_delta text,
@@ -204,9 +204,9 @@ BEGIN
             seen_hold[i] := CASE WHEN hlive[k] AND hacct[k] = p_account_ids[i]
                                  THEN hstate[k] END;
         END IF;
-        verdict := NULL; room := NULL; croom := NULL;
+        -- (Not judged: the verdict and the rooms stay NULL, never assigned.)
         IF judged THEN  -- (the same steps as payauth_authorize_purchases')
-            verdict := verdicts[i];
+            verdict := verdicts[i]; room := NULL; croom := NULL;
             FOR q IN coalesce(pfirst[i], 1)..coalesce(plast[i], 0) LOOP
                 s := qslot[q];
                 seen_amt[q] := used_amt[s]; seen_cnt[q] := used_cnt[s];
@@ -225,19 +225,21 @@ BEGIN
         ELSE
             res[i] := 'DECLINED'; reasons[i] := decision;
         END IF;
-        FOR q IN coalesce(pfirst[i], 1)..coalesce(plast[i], 0) LOOP
-            s := qslot[q];
-            IF decision = 'LIMIT_EXCEEDED' THEN
-                IF limit_ids[i] IS NULL
-                   AND (pmax_amt[q] - used_amt[s] < least(amt, seen_bal[i])
-                        OR pmax_cnt[q] - used_cnt[s] < 1) THEN
-                    limit_ids[i] := plimit[q];
+        IF judged THEN  -- the limit a LIMIT_EXCEEDED names; what an approval counts
+            FOR q IN coalesce(pfirst[i], 1)..coalesce(plast[i], 0) LOOP
+                s := qslot[q];
+                IF decision = 'LIMIT_EXCEEDED' THEN
+                    IF limit_ids[i] IS NULL
+                       AND (pmax_amt[q] - used_amt[s] < least(amt, seen_bal[i])
+                            OR pmax_cnt[q] - used_cnt[s] < 1) THEN
+                        limit_ids[i] := plimit[q];
+                    END IF;
+                ELSIF grants[i] IS NOT NULL AND pstart[q] IS NOT NULL THEN
+                    used_amt[s] := used_amt[s] + grants[i]; used_cnt[s] := used_cnt[s] + 1;
+                    pgrant[q] := grants[i];
                 END IF;
-            ELSIF grants[i] IS NOT NULL AND pstart[q] IS NOT NULL THEN
-                used_amt[s] := used_amt[s] + grants[i]; used_cnt[s] := used_cnt[s] + 1;
-                pgrant[q] := grants[i];
-            END IF;
-        END LOOP;
+            END LOOP;
+        END IF;
         IF res[i] = 'APPROVED' AND kind = 'PURCHASE' THEN
             deltas[i] := -grants[i];
         ELSIF res[i] = 'APPROVED' AND kind = 'REFUND' THEN
@@ -339,7 +341,7 @@ BEGIN
            CASE WHEN t.kind = 'BALANCE_INQUIRY' AND t.res = 'APPROVED' THEN t.lb END,
            -- What the controls judged the message on, kept where any of them applied.
            CASE WHEN t.card IS NOT NULL OR t.blocks IS NOT NULL OR l.lims IS NOT NULL
-                THEN t.mtime END,
+                THEN t.mtime::timestamptz END,
            t.card,
            CASE WHEN t.card IS NOT NULL OR t.blocks IS NOT NULL OR l.lims IS NOT NULL
                 THEN t.cat END,
@@ -401,11 +403,10 @@ BEGIN
            FROM payauth_limits_counted(pmsg, plimit, pstart, pgrant, p_txn_ids, p_auth_types,
                                        p_originals) c;
     END IF;
-    FOR i IN 1..n LOOP
-        IF p_auth_types[i] = 'REVERSAL' AND applied[i] > 0 THEN
-            PERFORM payauth_limits_give_back(p_originals[i], applied[i]);
-        END IF;
-    END LOOP;
+    -- (In the batch's order: the unnest is read as it is.)
+    PERFORM payauth_limits_give_back(t.orig, t.applied)
+       FROM unnest(p_auth_types, p_originals, applied) AS t(kind, orig, applied)
+      WHERE t.kind = 'REVERSAL' AND t.applied > 0;
     UPDATE accounts a
        SET balance = a.balance + d.delta, held = a.held + d.hdelta,
            updated_at = p_processed_at

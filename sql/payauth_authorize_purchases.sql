@@ -46,7 +46,7 @@ CREATE OR REPLACE FUNCTION payauth_authorize_purchases(
     p_card_ids          text[],
     p_categories        text[],
     p_countries         text[],
-    p_times             timestamptz[],  -- each message's own time
+    p_times             text[],  -- each message's own time (ISO 8601)
     p_tz                text            -- PAYAUTH_LIMITS_TIMEZONE
 ) RETURNS TABLE (result text, decline_reason text, approved text, partial boolean,
                  ledger_balance text, available_balance text, account_currency text,
@@ -140,9 +140,9 @@ BEGIN
         seen_stat[i] := statuses[j]; seen_cur[i] := currencies[j];
         amt := payauth_account_amount(currencies[j], p_currencies[i], p_amounts[i],
                                       p_billing_currencies[i], p_billing_amounts[i]);
-        verdict := NULL; room := NULL; croom := NULL;
+        -- (Not judged: the verdict and the rooms stay NULL, never assigned.)
         IF judged THEN  -- (the same steps as payauth_authorize_lifecycle's)
-            verdict := verdicts[i];
+            verdict := verdicts[i]; room := NULL; croom := NULL;
             FOR q IN coalesce(pfirst[i], 1)..coalesce(plast[i], 0) LOOP
                 s := qslot[q];
                 seen_amt[q] := used_amt[s]; seen_cnt[q] := used_cnt[s];
@@ -166,19 +166,21 @@ BEGIN
             bals[j] := bals[j] + deltas[i];
         END IF;
         -- The limit a LIMIT_EXCEEDED names (the first by id); what an approval counts.
-        FOR q IN coalesce(pfirst[i], 1)..coalesce(plast[i], 0) LOOP
-            s := qslot[q];
-            IF decision = 'LIMIT_EXCEEDED' THEN
-                IF limit_ids[i] IS NULL
-                   AND (pmax_amt[q] - used_amt[s] < least(amt, seen_bal[i])
-                        OR pmax_cnt[q] - used_cnt[s] < 1) THEN
-                    limit_ids[i] := plimit[q];
+        IF judged THEN
+            FOR q IN coalesce(pfirst[i], 1)..coalesce(plast[i], 0) LOOP
+                s := qslot[q];
+                IF decision = 'LIMIT_EXCEEDED' THEN
+                    IF limit_ids[i] IS NULL
+                       AND (pmax_amt[q] - used_amt[s] < least(amt, seen_bal[i])
+                            OR pmax_cnt[q] - used_cnt[s] < 1) THEN
+                        limit_ids[i] := plimit[q];
+                    END IF;
+                ELSIF grants[i] IS NOT NULL AND pstart[q] IS NOT NULL THEN
+                    used_amt[s] := used_amt[s] + grants[i]; used_cnt[s] := used_cnt[s] + 1;
+                    pgrant[q] := grants[i];
                 END IF;
-            ELSIF grants[i] IS NOT NULL AND pstart[q] IS NOT NULL THEN
-                used_amt[s] := used_amt[s] + grants[i]; used_cnt[s] := used_cnt[s] + 1;
-                pgrant[q] := grants[i];
-            END IF;
-        END LOOP;
+            END LOOP;
+        END IF;
         asked[i] := CASE WHEN deltas[i] <> 0 AND (grants[i] <> p_amounts[i]
                                                   OR currencies[j] <> p_currencies[i])
                          THEN p_fingerprints[i] END;
@@ -222,7 +224,7 @@ BEGIN
                     THEN i.ledger_balance END,
                -- What the controls judged the message on, kept where any of them applied.
                CASE WHEN i.card_id IS NOT NULL OR i.blocks IS NOT NULL OR l.lims IS NOT NULL
-                    THEN i.message_time END,
+                    THEN i.message_time::timestamptz END,
                i.card_id,
                CASE WHEN i.card_id IS NOT NULL OR i.blocks IS NOT NULL OR l.lims IS NOT NULL
                     THEN i.category END,

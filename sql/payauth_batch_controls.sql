@@ -16,7 +16,7 @@ CREATE OR REPLACE FUNCTION payauth_batch_controls(
     p_categories  text[],
     p_countries   text[],
     p_auth_types  text[],
-    p_times       timestamptz[],
+    p_times       text[],  -- each message's own time (ISO 8601), read only when judged
     p_tz          text,
     OUT judged           boolean,
     OUT verdicts         text[],
@@ -50,14 +50,14 @@ BEGIN
            array_agg(array_to_string(i.blocks, ',') ORDER BY i.ord)
       INTO verdicts, card_statuses, card_expiries, card_blocks
       FROM payauth_card_inputs(p_account_ids, p_card_ids, p_categories, p_countries,
-                               p_times, p_tz) i
+                               p_times::timestamptz[], p_tz) i
       JOIN unnest(p_card_ids) WITH ORDINALITY AS m(card, ord) ON m.ord = i.ord;
 
     WITH r AS (
         SELECT s.*, row_number() OVER (ORDER BY s.ord, s.limit_id) AS q,
                dense_rank() OVER (ORDER BY s.limit_id, s.period_start) AS slot
           FROM payauth_limit_slots(p_account_ids, p_card_ids, p_categories, p_auth_types,
-                                   p_times, p_tz) s
+                                   p_times::timestamptz[], p_tz) s
     ), slots AS (
         SELECT DISTINCT ON (r.slot) r.slot, r.used_amount, r.used_count FROM r ORDER BY r.slot
     ), firsts AS (

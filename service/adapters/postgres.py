@@ -175,7 +175,7 @@ SELECT *
                          {split("$15", "::numeric[]")}, {split("$16")},
                          {split("$17", "::boolean[]")}, {split("$18", "::boolean[]")},
                          {split("$19")}, {split("$20")}, {split("$21")},
-                         {split("$22", "::timestamptz[]")}, $23)
+                         {split("$22")}, $23)
 """
 _CLAIM_LOST_SQLSTATE = "PA409"
 

@@ -10,7 +10,8 @@ from typing import Any
 
 from tests.support import lifecycle as lc
 from tests.support import stack
-from tests.support.workers import payauth
+from tests.support.factory import encode
+from tests.support.workers import payauth, wait_caught_up
 
 
 def _admin(env: stack.Env, *args: str) -> str:
@@ -113,6 +114,30 @@ def test_a_message_counts_in_its_own_day_and_zone(env, spawn_worker, tmp_path) -
     assert _outcomes(events, t, "ny_late", "ny_next") == {
         "ny_late": ("APPROVED", None), "ny_next": ("DECLINED", "LIMIT_EXCEEDED")}
     assert _usage(env, t["lim2"]) == {"2026-04-07": (5, 1)}
+    lc.verified(env)
+
+
+def test_two_messages_of_one_card_on_two_partitions_only_one_fitting_its_limit(
+        env, spawn_worker, tmp_path) -> None:
+    """The same card's purchases on two partitions (a gateway that keyed them otherwise),
+    decided by two workers at once, the card's limit room for one: exactly one approved."""
+    t = lc.names("a", "b", "acc", "card", "lim")
+    lc.seed(env, (t["acc"], "1000.00"))
+    _controls(env, tmp_path, [f"{t['card']},{t['acc']}"],
+              [f"{t['lim']},CARD,{t['card']},DAY,50.00,"])
+    for key, partition in (("a", 0), ("b", 1)):
+        message = _at(lc.msg(t[key], "PURCHASE", t["acc"], "30.00", card_id=t["card"]),
+                      "2026-04-07T10:00:00Z")
+        stack.produce(env.input_topic, [(t["acc"].encode(), encode(message))],
+                      partition=partition)
+    spawn_worker(env, name="one")
+    spawn_worker(env, name="two")
+    wait_caught_up(env.group_id, env.input_topic, env.partitions)
+    events = lc.events(env, expect=2)
+    outcomes = sorted((events[t[k]]["result"], events[t[k]].get("decline_reason"))
+                      for k in ("a", "b"))
+    assert outcomes == [("APPROVED", None), ("DECLINED", "LIMIT_EXCEEDED")]
+    assert _usage(env, t["lim"]) == {"2026-04-07": (30, 1)}
     lc.verified(env)
 
 

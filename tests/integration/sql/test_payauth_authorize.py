@@ -244,7 +244,7 @@ CALL = """SELECT * FROM {fn}($1::text[], $2::text[], $3::numeric[], $4::text[], 
                             $6::text[], $7::text[], $8::text[], $9::integer[], $10::bigint[],
                             $11, $12, $13, $14::text[], $15::numeric[], $16::text[],
                             $17::boolean[], $18::boolean[], $19::text[], $20::text[],
-                            $21::text[], $22::timestamptz[], $23)"""
+                            $21::text[], $22::text[], $23)"""
 # Each route's calls as counted so far in the transaction (track_functions).
 ROUTE_CALLS = ("SELECT funcname, calls FROM pg_stat_xact_user_functions "
                "WHERE funcname IN ('payauth_authorize_purchases', 'payauth_authorize_lifecycle', "
@@ -390,7 +390,7 @@ def _args(batch: list[Msg]) -> list[Any]:
             [b.billing[1] if b.billing else None for b in batch],
             [b.partial and b.kind in ("PURCHASE", "AUTHORIZATION") for b in batch],
             [b.final for b in batch], [b.card for b in batch], [b.category for b in batch],
-            [b.country for b in batch], [b.time for b in batch], "Europe/Madrid"]
+            [b.country for b in batch], [b.time.isoformat() for b in batch], "Europe/Madrid"]
 
 
 async def _routes(conn: asyncpg.Connection) -> dict[str, int]:
