@@ -102,7 +102,12 @@ ALTER TABLE processed_transactions
                                   'CARD_BLOCKED', 'CARD_EXPIRED', 'CATEGORY_BLOCKED',
                                   'COUNTRY_BLOCKED', 'LIMIT_EXCEEDED'));
 
+-- A hold some limit counted (its authorization or an increment of it): only its reversals
+-- give back (payauth_limits_give_back), the others skip the look for charges.
+ALTER TABLE holds ADD COLUMN limited boolean NOT NULL DEFAULT false;
+
 GRANT SELECT ON cards, spending_limits, card_blocks TO payauth_worker;
+GRANT UPDATE (limited) ON holds TO payauth_worker;
 GRANT SELECT, INSERT, UPDATE ON limit_usage TO payauth_worker;
 GRANT SELECT, INSERT, UPDATE ON limit_charges TO payauth_worker;
 

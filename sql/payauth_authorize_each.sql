@@ -270,7 +270,9 @@ BEGIN
                      WHERE txn_id = o.txn_id;
                     o_ids := o_ids || o.txn_id; o_amounts := o_amounts || c::text;
                     o_corrs := o_corrs || o.correlation_id;
-                    PERFORM payauth_limits_give_back(txn, c);
+                    IF e_lim IS NOT NULL THEN  -- (counted just above)
+                        PERFORM payauth_limits_give_back(txn, c);
+                    END IF;
                     IF c > 0 THEN
                         credit_ids := credit_ids || o.txn_id;
                         credits := credits || c;
@@ -298,7 +300,9 @@ BEGIN
                      WHERE txn_id = o.txn_id;
                     o_ids := o_ids || o.txn_id; o_amounts := o_amounts || c::text;
                     o_corrs := o_corrs || o.correlation_id;
-                    PERFORM payauth_limits_give_back(txn, c);
+                    IF e_lim IS NOT NULL THEN
+                        PERFORM payauth_limits_give_back(txn, c);
+                    END IF;
                     placed := placed - c;
                 END IF;
             END LOOP;
@@ -323,7 +327,7 @@ BEGIN
             END LOOP;
             IF res = 'APPROVED' THEN
                 INSERT INTO holds (txn_id, account_id, currency, kind, amount, remaining, state,
-                                   ended_at, ended_by, released)
+                                   ended_at, ended_by, released, limited)
                 -- Ended at once by a final clearing before it (what it released counted in
                 -- early_clearings.applied), or by orphans reversing it whole; a hold that
                 -- non-final clearings took to zero stays active, a final one may still come.
@@ -334,7 +338,8 @@ BEGIN
                              ELSE now() END,
                         cleared_by,
                         CASE WHEN cleared_by IS NOT NULL THEN 0
-                             WHEN placed > 0 OR cleared > 0 THEN NULL ELSE granted END)
+                             WHEN placed > 0 OR cleared > 0 THEN NULL ELSE granted END,
+                        e_lim IS NOT NULL)
                     ON CONFLICT (txn_id) DO NOTHING;
                 IF NOT FOUND THEN
                     RAISE EXCEPTION 'hold % placed already', txn USING ERRCODE = 'PA409';
@@ -345,7 +350,8 @@ BEGIN
         ELSIF kind = 'INCREMENTAL' THEN
             IF res = 'APPROVED' THEN
                 UPDATE holds SET incremented = incremented + granted,
-                                 remaining = remaining + granted
+                                 remaining = remaining + granted,
+                                 limited = limited OR e_lim IS NOT NULL
                  WHERE txn_id = orig AND state = 'ACTIVE';
                 IF NOT FOUND THEN
                     RAISE EXCEPTION 'hold % ended meanwhile', orig USING ERRCODE = 'PA409';
@@ -370,7 +376,9 @@ BEGIN
                         RAISE EXCEPTION 'hold % ended meanwhile', orig USING ERRCODE = 'PA409';
                     END IF;
                     hold_delta := -applied;
-                    PERFORM payauth_limits_give_back(orig, applied);
+                    IF h.limited THEN
+                        PERFORM payauth_limits_give_back(orig, applied);
+                    END IF;
                 END IF;
             ELSIF orig_type = 'PURCHASE' AND orig_res = 'APPROVED' THEN
                 SELECT coalesce(sum(m.amount_applied), 0)

@@ -71,6 +71,7 @@ DECLARE
     hstate     text[];
     hby        text[];
     hrel       numeric[];
+    hlim       boolean[];  -- a limit counted it (holds.limited): its reversals give back
     hlive      boolean[];  -- exists by now: found, or placed (approved) earlier in the batch
     htouched   boolean[];  -- a found hold this batch changed
     oslot      integer[];  -- each message's original's position in hkeys
@@ -121,6 +122,7 @@ DECLARE
     room       numeric;
     croom      integer;
     s          integer;
+    counted    boolean := false;  -- the message's approval was counted in a limit
 BEGIN
     IF n = 0 THEN
         RETURN;
@@ -143,8 +145,9 @@ BEGIN
            array_agg(h.kind ORDER BY h.txn_id), array_agg(h.amount ORDER BY h.txn_id),
            array_agg(h.incremented ORDER BY h.txn_id),
            array_agg(h.remaining ORDER BY h.txn_id), array_agg(h.state ORDER BY h.txn_id),
-           array_agg(h.ended_by ORDER BY h.txn_id), array_agg(h.released ORDER BY h.txn_id)
-      INTO hkeys, hacct, hcur, hkind, hamt, hinc, hrem, hstate, hby, hrel
+           array_agg(h.ended_by ORDER BY h.txn_id), array_agg(h.released ORDER BY h.txn_id),
+           array_agg(h.limited ORDER BY h.txn_id)
+      INTO hkeys, hacct, hcur, hkind, hamt, hinc, hrem, hstate, hby, hrel, hlim
       FROM holds h WHERE h.txn_id = ANY(p_originals);
     n_found := coalesce(array_length(hkeys, 1), 0);
     SELECT hkeys || coalesce(array_agg(t.id ORDER BY t.ord), '{}') INTO hkeys
@@ -161,6 +164,7 @@ BEGIN
     hstate := coalesce(hstate, '{}') || array_fill(NULL::text, ARRAY[k]);
     hby := coalesce(hby, '{}') || array_fill(NULL::text, ARRAY[k]);
     hrel := coalesce(hrel, '{}') || array_fill(NULL::numeric, ARRAY[k]);
+    hlim := coalesce(hlim, '{}') || array_fill(false, ARRAY[k]);
     hlive := array_fill(true, ARRAY[n_found]) || array_fill(false, ARRAY[k]);
     htouched := array_fill(false, ARRAY[n_found + k]);
     SELECT array_agg(s.pos ORDER BY t.ord) INTO oslot
@@ -206,7 +210,7 @@ BEGIN
         END IF;
         -- (Not judged: the verdict and the rooms stay NULL, never assigned.)
         IF judged THEN  -- (the same steps as payauth_authorize_purchases')
-            verdict := verdicts[i]; room := NULL; croom := NULL;
+            verdict := verdicts[i]; room := NULL; croom := NULL; counted := false;
             FOR q IN coalesce(pfirst[i], 1)..coalesce(plast[i], 0) LOOP
                 s := qslot[q];
                 seen_amt[q] := used_amt[s]; seen_cnt[q] := used_cnt[s];
@@ -236,7 +240,7 @@ BEGIN
                     END IF;
                 ELSIF grants[i] IS NOT NULL AND pstart[q] IS NOT NULL THEN
                     used_amt[s] := used_amt[s] + grants[i]; used_cnt[s] := used_cnt[s] + 1;
-                    pgrant[q] := grants[i];
+                    pgrant[q] := grants[i]; counted := true;
                 END IF;
             END LOOP;
         END IF;
@@ -249,13 +253,13 @@ BEGIN
                 k := pslot[i];
                 hacct[k] := p_account_ids[i]; hcur[k] := curs[j]; hkind[k] := kind;
                 hamt[k] := grants[i]; hrem[k] := grants[i]; hstate[k] := 'ACTIVE';
-                hlive[k] := true;
+                hlive[k] := true; hlim[k] := counted;
                 hdeltas[i] := grants[i]; applied[i] := grants[i];
             END IF;
         ELSIF kind = 'INCREMENTAL' THEN
             IF res[i] = 'APPROVED' THEN
                 hinc[k] := hinc[k] + grants[i]; hrem[k] := hrem[k] + grants[i];
-                htouched[k] := k <= n_found;
+                htouched[k] := k <= n_found; hlim[k] := hlim[k] OR counted;
                 hdeltas[i] := grants[i]; applied[i] := grants[i];
             END IF;
         ELSIF kind = 'REVERSAL' THEN
@@ -297,12 +301,13 @@ BEGIN
     -- The holds placed (as the batch leaves them), then the ones found that it changed: a
     -- conditional UPDATE that finds each still ACTIVE (it is locked: it is).
     INSERT INTO holds (txn_id, account_id, currency, kind, amount, incremented, remaining,
-                       state, ended_at, ended_by, released)
+                       state, ended_at, ended_by, released, limited)
     SELECT u.id, u.acct, u.cur, u.kind, u.amt, u.inc, u.rem, u.state,
-           CASE WHEN u.state <> 'ACTIVE' THEN now() END, u.by, u.rel
-      FROM unnest(hkeys, hacct, hcur, hkind, hamt, hinc, hrem, hstate, hby, hrel, hlive)
+           CASE WHEN u.state <> 'ACTIVE' THEN now() END, u.by, u.rel, u.lim
+      FROM unnest(hkeys, hacct, hcur, hkind, hamt, hinc, hrem, hstate, hby, hrel, hlive,
+                  hlim)
                WITH ORDINALITY
-               AS u(id, acct, cur, kind, amt, inc, rem, state, by, rel, live, pos)
+               AS u(id, acct, cur, kind, amt, inc, rem, state, by, rel, live, lim, pos)
      WHERE u.pos > n_found AND u.live
         ON CONFLICT (txn_id) DO NOTHING;
     GET DIAGNOSTICS n_written = ROW_COUNT;
@@ -314,10 +319,10 @@ BEGIN
     UPDATE holds h
        SET remaining = u.rem, incremented = u.inc, state = u.state,
            ended_at = CASE WHEN u.state <> 'ACTIVE' THEN now() END,
-           ended_by = u.by, released = u.rel
+           ended_by = u.by, released = u.rel, limited = u.lim
       FROM unnest(hkeys[1:n_found], hrem[1:n_found], hinc[1:n_found], hstate[1:n_found],
-                  hby[1:n_found], hrel[1:n_found], htouched[1:n_found])
-           AS u(id, rem, inc, state, by, rel, touched)
+                  hby[1:n_found], hrel[1:n_found], htouched[1:n_found], hlim[1:n_found])
+           AS u(id, rem, inc, state, by, rel, touched, lim)
      WHERE u.touched AND h.txn_id = u.id AND h.state = 'ACTIVE';
     GET DIAGNOSTICS n_written = ROW_COUNT;
     IF n_written <> (SELECT count(*) FROM unnest(htouched[1:n_found]) AS t WHERE t) THEN
@@ -403,10 +408,10 @@ BEGIN
            FROM payauth_limits_counted(pmsg, plimit, pstart, pgrant, p_txn_ids, p_auth_types,
                                        p_originals) c;
     END IF;
-    -- (In the batch's order: the unnest is read as it is.)
+    -- (In the batch's order: the unnest is read as it is. Only a hold a limit counted.)
     PERFORM payauth_limits_give_back(t.orig, t.applied)
-       FROM unnest(p_auth_types, p_originals, applied) AS t(kind, orig, applied)
-      WHERE t.kind = 'REVERSAL' AND t.applied > 0;
+       FROM unnest(p_auth_types, p_originals, applied, oslot) AS t(kind, orig, applied, k)
+      WHERE t.kind = 'REVERSAL' AND t.applied > 0 AND hlim[t.k];
     UPDATE accounts a
        SET balance = a.balance + d.delta, held = a.held + d.hdelta,
            updated_at = p_processed_at

@@ -252,7 +252,7 @@ ROUTE_CALLS = ("SELECT funcname, calls FROM pg_stat_xact_user_functions "
 # What each path wrote, without what differs between two transactions by nature (serial ids,
 # the database's clock): compared row for row.
 SNAPSHOT = {
-    "holds": "SELECT txn_id, account_id, kind, amount, incremented, remaining, state, "
+    "holds": "SELECT txn_id, account_id, kind, amount, incremented, remaining, state, limited, "
              "ended_at IS NULL AS active, ended_by, released FROM holds ORDER BY txn_id",
     "processed": "SELECT txn_id, result, decline_reason, amount_applied, forced, orphan, "
                  "original_txn_id, input_balance, input_status, input_currency, rule_version, "
