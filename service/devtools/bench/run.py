@@ -19,10 +19,10 @@ Phases, each on its own topic/group in one fresh database with 10,000 accounts:
               clearings, partial reversals and clearings, full reversals, increments, split
               clearings, holds abroad and partial approvals (``lifecycle.py``); its rate
               against the backlog's (``ratio_lifecycle_vs_purchase``)
-  limits      two backlogs of purchases of the same size, each account's on its card: one
-              on cards without limits, then one on cards with a daily and a monthly limit
-              each (none reached), one worker each; the second's rate against the first's
-              (``ratio_limits_vs_plain``): what the card controls cost
+  limits      purchases, each account's on its card, four backlogs of half the backlog's
+              size: on cards without limits, with a daily and a monthly limit each (none
+              reached), with, without (ABBA), one worker each; the mean rate with limits
+              against the mean without (``ratio_limits_vs_plain``): what the controls cost
   hot         every authorization on one account
   latency     paced at 70 % of `new` after a warm-up: produce → result event, p50/p99; then
               50 %, 25 % and 5 % (the curve); then the sustainable rate, the highest whose
@@ -400,28 +400,38 @@ class Bench:
             f"{self.results['lifecycle_day']}")
 
     def phase_limits(self) -> None:
-        """The purchase backlog's size twice, each account's purchases on its card: first on
-        cards without limits, then on cards with a daily and a monthly limit each, none
-        reached (the messages are of one day); one worker each, as over the backlog."""
+        """Purchases, each account's on its card: on cards without limits, then on cards with
+        a daily and a monthly limit each, none reached (the messages are of one day), then
+        with limits again and without again (ABBA: a machine that slows or speeds up during
+        the phase weighs on both alike); half the purchase backlog's size each time, one
+        worker each, as over the backlog. Each side's rate is the mean of its two runs."""
         asyncio.run(self.seed_cards())
-        for name, prefix in (("limits_plain", "BP-"), ("limits", "BK-")):
-            topic = self.topic(name)
-            self.produce(topic, self.messages(self.sizes.new, tag=name[-1].upper(),
+        size = self.sizes.new // 2
+        rates: dict[str, list[float]] = {"limits_plain": [], "limits": []}
+        cpus: dict[str, list[dict[str, float]]] = {"limits_plain": [], "limits": []}
+        for run, (name, prefix) in enumerate((("limits_plain", "BP-"), ("limits", "BK-"),
+                                             ("limits", "BK-"), ("limits_plain", "BP-"))):
+            topic = self.topic(f"{name}-{run}")
+            self.produce(topic, self.messages(size, tag=f"{name[-1].upper()}{run}",
                                               cards=prefix))
-            group = f"bench-{name}-{self.run}"
-            worker = self.worker(topic, group, name)
+            group = f"bench-{name}-{run}-{self.run}"
+            worker = self.worker(topic, group, f"{name}-{run}")
             assert worker.proc is not None
             worker.port()
             cpu_before = cpu.sample(worker.proc.pid)
-            rate = self.throughput(worker, group, topic, self.sizes.new)
-            self.results[f"{name}_cpu_us_per_auth"] = cpu.per_item(
-                cpu_before, cpu.sample(worker.proc.pid), self.sizes.new)
+            rates[name].append(self.throughput(worker, group, topic, size))
+            cpus[name].append(cpu.per_item(cpu_before, cpu.sample(worker.proc.pid), size))
             assert worker.terminate() == 0
-            self.results[f"{name}_auth_per_s"] = round(rate, 1)
             log(f"one worker, purchases on cards {'with' if name == 'limits' else 'without'} "
-                f"limits: {rate:,.0f} auth/s")
+                f"limits: {rates[name][-1]:,.0f} auth/s")
+        for name in rates:
+            self.results[f"{name}_auth_per_s"] = round(statistics.mean(rates[name]), 1)
+            self.results[f"{name}_runs_per_s"] = [round(r, 1) for r in rates[name]]
+            self.results[f"{name}_cpu_us_per_auth"] = {
+                kind: round(statistics.mean(c[kind] for c in cpus[name]), 1)
+                for kind in cpus[name][0]}
         # Every purchase counted once in its card's daily limit (none was declined).
-        self.results["limits_messages"] = self.sizes.new
+        self.results["limits_messages"] = 2 * size
         self.results["limits_counted"] = asyncio.run(self.counted_in_daily_limits())
 
     async def counted_in_daily_limits(self) -> int:
