@@ -110,7 +110,11 @@ kafka_ha_down() {
   local node dir
   for node in 1 2 3; do
     dir=$(kafka_node_dir "$node")
-    [ -f "$dir/kafka.pid" ] && stop_pidfile "kafka node $node" "$dir/kafka.pid"
+    # (An if, not `[ -f ] && …`: a node without a pid file would make the function fail,
+    # and `set -e` end `down` before Redis and PostgreSQL are stopped.)
+    if [ -f "$dir/kafka.pid" ]; then
+      stop_pidfile "kafka node $node" "$dir/kafka.pid"
+    fi
   done
 }
 
