@@ -138,8 +138,9 @@ BEGIN
                                            AND e.kind IN ('AUTHORIZATION', 'ADVICE')))
             THEN 'each'
         -- A reversal that gives back to a spending limit (of an original a limit counted, or
-        -- of one earlier in the batch when a limit may count it) before a message of its
-        -- account that a limit may count: that one must see the usage given back.
+        -- of one a limit may count earlier in the batch: placed, or incremented) before a
+        -- message of its account that a limit may count: that one must see the usage given
+        -- back.
         WHEN EXISTS (SELECT 1 FROM unnest(p_auth_types, p_originals, p_account_ids)
                                    WITH ORDINALITY AS t(kind, orig, acct, ord)
                       WHERE t.kind = 'REVERSAL'
@@ -149,7 +150,11 @@ BEGIN
                                        AND l.kind IN ('PURCHASE', 'AUTHORIZATION',
                                                       'INCREMENTAL', 'ADVICE'))
                         AND (EXISTS (SELECT 1 FROM limit_charges c WHERE c.txn_id = t.orig)
-                             OR (t.orig = ANY(p_txn_ids)
+                             OR ((t.orig = ANY(p_txn_ids)
+                                  OR EXISTS (SELECT 1 FROM unnest(p_auth_types, p_originals)
+                                                            WITH ORDINALITY AS e(kind, orig, ord)
+                                              WHERE e.ord < t.ord AND e.orig = t.orig
+                                                AND e.kind = 'INCREMENTAL'))
                                  AND EXISTS (SELECT 1 FROM spending_limits l
                                               WHERE l.scope_id = ANY(p_account_ids)
                                                  OR l.scope_id = ANY(p_card_ids)))))

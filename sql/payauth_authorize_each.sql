@@ -130,6 +130,7 @@ DECLARE
     lims       jsonb;
     lim_id     text;
     judged     boolean;
+    charged    boolean;  -- the approval was counted in a limit with a period (a charge)
 BEGIN
     IF n = 0 THEN
         RETURN;
@@ -202,6 +203,7 @@ BEGIN
                                    ARRAY[p_countries[i]], ARRAY[p_times[i]::timestamptz], p_tz) ci;
         verdict := payauth_card_verdict(p_card_ids[i], c_st, c_exp, mday, c_blk);
         room := NULL; croom := NULL; e_lim := NULL; lims := NULL; lim_id := NULL;
+        charged := false;
         IF kind IN ('PURCHASE', 'AUTHORIZATION', 'INCREMENTAL', 'ADVICE') THEN
             SELECT min(ls.max_amount - ls.used_amount), min(ls.max_count - ls.used_count),
                    array_agg(ls.limit_id ORDER BY ls.limit_id),
@@ -242,6 +244,7 @@ BEGIN
              WHERE x.ma - x.ua < least(amt, avail) OR x.mc - x.uc < 1
              LIMIT 1;
         ELSIF res = 'APPROVED' AND e_lim IS NOT NULL THEN
+            charged := cardinality(array_remove(e_start, NULL)) > 0;
             PERFORM payauth_limits_charge(
                 array_fill(CASE WHEN kind = 'INCREMENTAL' THEN orig ELSE txn END,
                            ARRAY[cardinality(e_lim)]),
@@ -270,7 +273,7 @@ BEGIN
                      WHERE txn_id = o.txn_id;
                     o_ids := o_ids || o.txn_id; o_amounts := o_amounts || c::text;
                     o_corrs := o_corrs || o.correlation_id;
-                    IF e_lim IS NOT NULL THEN  -- (counted just above)
+                    IF charged THEN  -- (counted just above)
                         PERFORM payauth_limits_give_back(txn, c);
                     END IF;
                     IF c > 0 THEN
@@ -300,7 +303,7 @@ BEGIN
                      WHERE txn_id = o.txn_id;
                     o_ids := o_ids || o.txn_id; o_amounts := o_amounts || c::text;
                     o_corrs := o_corrs || o.correlation_id;
-                    IF e_lim IS NOT NULL THEN
+                    IF charged THEN
                         PERFORM payauth_limits_give_back(txn, c);
                     END IF;
                     placed := placed - c;
@@ -339,7 +342,7 @@ BEGIN
                         cleared_by,
                         CASE WHEN cleared_by IS NOT NULL THEN 0
                              WHEN placed > 0 OR cleared > 0 THEN NULL ELSE granted END,
-                        e_lim IS NOT NULL)
+                        charged)
                     ON CONFLICT (txn_id) DO NOTHING;
                 IF NOT FOUND THEN
                     RAISE EXCEPTION 'hold % placed already', txn USING ERRCODE = 'PA409';
@@ -351,7 +354,7 @@ BEGIN
             IF res = 'APPROVED' THEN
                 UPDATE holds SET incremented = incremented + granted,
                                  remaining = remaining + granted,
-                                 limited = limited OR e_lim IS NOT NULL
+                                 limited = limited OR charged
                  WHERE txn_id = orig AND state = 'ACTIVE';
                 IF NOT FOUND THEN
                     RAISE EXCEPTION 'hold % ended meanwhile', orig USING ERRCODE = 'PA409';

@@ -72,6 +72,7 @@ DECLARE
     hby        text[];
     hrel       numeric[];
     hlim       boolean[];  -- a limit counted it (holds.limited): its reversals give back
+    gives      boolean[];  -- per message: a REVERSAL of a hold a limit had counted by then
     hlive      boolean[];  -- exists by now: found, or placed (approved) earlier in the batch
     htouched   boolean[];  -- a found hold this batch changed
     oslot      integer[];  -- each message's original's position in hkeys
@@ -182,6 +183,7 @@ BEGIN
       FROM payauth_batch_controls(p_account_ids, p_card_ids, p_categories, p_countries,
                                   p_auth_types, p_times, p_tz);
     limit_ids := array_fill(NULL::text, ARRAY[n]);
+    gives := array_fill(false, ARRAY[n]);
     seen_amt := array_fill(NULL::numeric, ARRAY[coalesce(cardinality(pmsg), 0)]);
     seen_cnt := array_fill(NULL::integer, ARRAY[coalesce(cardinality(pmsg), 0)]);
     pgrant := array_fill(NULL::numeric, ARRAY[coalesce(cardinality(pmsg), 0)]);
@@ -273,6 +275,7 @@ BEGIN
                 END IF;
                 htouched[k] := k <= n_found;
                 hdeltas[i] := -applied[i];
+                gives[i] := hlim[k];  -- as the hold stands now, not as the batch leaves it
             END IF;
         ELSIF kind = 'CLEARING' THEN
             forced_[i] := p_originals[i] IS NULL OR NOT hlive[k];
@@ -408,10 +411,11 @@ BEGIN
            FROM payauth_limits_counted(pmsg, plimit, pstart, pgrant, p_txn_ids, p_auth_types,
                                        p_originals) c;
     END IF;
-    -- (In the batch's order: the unnest is read as it is. Only a hold a limit counted.)
+    -- (In the batch's order: the unnest is read as it is. Only a reversal of a hold a limit
+    -- had counted when it was decided.)
     PERFORM payauth_limits_give_back(t.orig, t.applied)
-       FROM unnest(p_auth_types, p_originals, applied, oslot) AS t(kind, orig, applied, k)
-      WHERE t.kind = 'REVERSAL' AND t.applied > 0 AND hlim[t.k];
+       FROM unnest(p_originals, applied, gives) AS t(orig, applied, gives)
+      WHERE t.gives AND t.applied > 0;
     UPDATE accounts a
        SET balance = a.balance + d.delta, held = a.held + d.hdelta,
            updated_at = p_processed_at

@@ -593,6 +593,38 @@ def test_each_route_judges_the_card_controls_as_the_loop(env: stack.Env) -> None
     asyncio.run(scenario())
 
 
+def test_a_hold_counted_only_within_the_batch_gives_back_as_the_loop(env: stack.Env) -> None:
+    """A hold placed before any limit (nothing of it counted), then a limit: a batch that
+    increments it (counted), reverses it in full and then makes a purchase the limit only
+    fits once the increment is given back; and a batch that reverses a hold in part, then
+    increments it. Each route gives back what the loop does, when the loop does (seen
+    failing with the give-back read from the hold as the batch leaves it, and with the first
+    batch on the set-based route)."""
+    async def scenario() -> None:
+        await stack.seed_accounts(env.dsn, [("R-ACC", "10000.00", "EUR")])
+        conn = await asyncpg.connect(env.dsn)
+        try:
+            await conn.execute("SET track_functions = 'pl'")
+            await _both(conn, [Msg("R-H1", "R-ACC", "AUTHORIZATION", "100.00"),
+                               Msg("R-H2", "R-ACC", "AUTHORIZATION", "100.00")])
+            await conn.execute(
+                "INSERT INTO spending_limits (limit_id, scope, scope_id, period, max_amount) "
+                "VALUES ('R-DAY', 'ACCOUNT', 'R-ACC', 'DAY', 100)")
+            await _both(conn, [Msg("R-I1", "R-ACC", "INCREMENTAL", "50.00", "R-H1"),
+                               Msg("R-V1", "R-ACC", "REVERSAL", "150.00", "R-H1"),
+                               Msg("R-P1", "R-ACC", "PURCHASE", "80.00")])
+            await _both(conn, [Msg("R-V2", "R-ACC", "REVERSAL", "30.00", "R-H2"),
+                               Msg("R-I2", "R-ACC", "INCREMENTAL", "20.00", "R-H2")])
+            decided = {r["txn_id"]: r["result"] for r in await conn.fetch(
+                "SELECT txn_id, result FROM processed_transactions")}
+            assert decided["R-P1"] == "APPROVED"  # the increment's 50 given back first
+            assert await conn.fetchval("SELECT amount FROM limit_usage") == Decimal("100.00")
+        finally:
+            await conn.close()
+
+    asyncio.run(scenario())
+
+
 def test_a_forced_clearing_first_on_a_new_connection(env: stack.Env) -> None:
     """The loop's first message names no original, so it has read no hold yet, and the
     connection has never planned the loop's expressions: a clearing's test of its hold must
