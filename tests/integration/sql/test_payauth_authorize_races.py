@@ -3,7 +3,8 @@ moment on another connection: an orphan reversal kept by one batch and its purch
 by another, interleaved exactly as a review found them losing the reversal's credit (the
 purchase's batch reading the waiting orphans before it locked the account); a clearing kept
 before its hold and the hold decided by another batch, at the same point; two purchases of
-one card with room in its limit for one; and the first race many times over through two
+one card with room in its limit for one; a card frozen while a batch decides for its
+account; and the first race many times over through two
 stores, as two workers' batches meet."""
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import asyncpg
 
 from service.adapters.postgres import PostgresStore
 from service.domain.messages import Authorization, decode_authorization
+from service.ops import cards
 from tests.support import stack
 from tests.support.factory import auth_message, authorization, encode
 
@@ -170,3 +172,48 @@ def test_two_purchases_of_one_card_only_one_fitting_its_limit_one_approved(
     [usage] = stack.fetch(env.dsn, "SELECT amount, count FROM limit_usage WHERE limit_id = $1",
                           f"L-{account}")
     assert (usage["amount"], usage["count"]) == (Decimal("30.00"), 1)
+
+
+def test_a_card_frozen_while_a_batch_decides_for_its_account_waits_for_it(
+        env: stack.Env) -> None:
+    """`payauth cards status` reads the card's account without a lock, then takes the
+    account's lock as a batch does: 1. a batch decides a purchase of the card (ACTIVE), its
+    account locked, not committed. 2. The freeze waits for that lock. 3. The batch commits;
+    the freeze then commits, and the next purchase is declined CARD_BLOCKED: the change
+    applies to what is decided after it, never to a batch under way (seen not waiting with
+    the account's lock removed from the command)."""
+    account = f"RACE-{uuid.uuid4().hex[:6]}"
+    card = f"CARD-{account}"
+    asyncio.run(stack.seed_accounts(env.dsn, [(account, "100.00", "EUR")]))
+    stack.fetch(env.dsn, "INSERT INTO cards (card_id, account_id) VALUES ($1, $2) RETURNING 1",
+                card, account)
+
+    def on_card(txn: str) -> Authorization:
+        return decode_authorization(encode(auth_message(
+            f"{txn}-{account}", account_id=account, amount="10.00", card_id=card)))
+
+    async def scenario() -> tuple[Any, Any, str]:
+        holding = await HeldOpenStore.connect(env.dsn)
+        other = await PostgresStore.connect(env.dsn)
+        try:
+            first = asyncio.create_task(holding.authorize(
+                [on_card("P1")], source_topic="t", source_partitions=[1], source_offsets=[0]))
+            await asyncio.wait_for(holding.decided.wait(), 10)
+            freeze = asyncio.create_task(cards.change_status(env.dsn, card, "FROZEN",
+                                                             "lost", by="test"))
+            await stack.until_a_lock_is_awaited(env.dsn)  # the freeze waits for the batch
+            assert not freeze.done()
+            holding.release.set()
+            [a] = await first
+            said = await freeze
+            [b] = await other.authorize([on_card("P2")], source_topic="t",
+                                        source_partitions=[2], source_offsets=[0])
+            return a, b, said
+        finally:
+            await holding.close()
+            await other.close()
+
+    first, after, said = asyncio.run(scenario())
+    assert "ACTIVE -> FROZEN" in said
+    assert (first.result, after.result, after.decline_reason, after.card_status) == \
+        ("APPROVED", "DECLINED", "CARD_BLOCKED", "FROZEN")
