@@ -42,6 +42,12 @@ def _at(message: dict[str, Any], timestamp: str, message_id: str | None = None
     return {**message, "headers": headers}
 
 
+def _on_card(t: dict[str, str], key: str, kind: str, amount: str,
+             original: str | None = None, at: str = "2026-04-07T10:00:00Z") -> dict[str, Any]:
+    """The test's message ``t[key]`` of its account on its card, stamped ``at``."""
+    return _at(lc.msg(t[key], kind, t["acc"], amount, original, card_id=t["card"]), at)
+
+
 def _usage(env: stack.Env, limit_id: str) -> dict[str, tuple[Any, int]]:
     return {str(r["period_start"]): (r["amount"], r["count"]) for r in stack.fetch(
         env.dsn, "SELECT period_start, amount, count FROM limit_usage WHERE limit_id = $1",
@@ -147,22 +153,16 @@ def test_a_full_reversal_gives_the_usage_and_the_count_back(env, spawn_worker,
     lc.seed(env, (t["acc"], "1000.00"))
     _controls(env, tmp_path, [f"{t['card']},{t['acc']}"],
               [f"{t['lim']},CARD,{t['card']},DAY,100.00,2"])
-    day = "2026-04-07T10:00:00Z"
-
-    def on_card(key: str, kind: str, amount: str, original: str | None = None
-                ) -> dict[str, Any]:
-        return _at(lc.msg(t[key], kind, t["acc"], amount, original, card_id=t["card"]), day)
-
-    lc.run(env, spawn_worker, [on_card("hold", "AUTHORIZATION", "80.00")])
+    lc.run(env, spawn_worker, [_on_card(t, "hold", "AUTHORIZATION", "80.00")])
     assert _usage(env, t["lim"]) == {"2026-04-07": (80, 1)}
-    lc.send_more(env, [on_card("rev", "REVERSAL", "80.00", t["hold"])])
+    lc.send_more(env, [_on_card(t, "rev", "REVERSAL", "80.00", t["hold"])])
     assert _usage(env, t["lim"]) == {"2026-04-07": (0, 0)}  # all of it, and its count
-    lc.send_more(env, [on_card("after", "AUTHORIZATION", "90.00"),
-                       on_card("buy", "PURCHASE", "10.00")])
+    lc.send_more(env, [_on_card(t, "after", "AUTHORIZATION", "90.00"),
+                       _on_card(t, "buy", "PURCHASE", "10.00")])
     assert _usage(env, t["lim"]) == {"2026-04-07": (100, 2)}
     # A partial reversal of the purchase gives back what it credited, not its count.
-    lc.send_more(env, [on_card("part", "REVERSAL", "4.00", t["buy"]),
-                       on_card("last", "PURCHASE", "4.00")])
+    lc.send_more(env, [_on_card(t, "part", "REVERSAL", "4.00", t["buy"]),
+                       _on_card(t, "last", "PURCHASE", "4.00")])
     events = lc.events(env, expect=6)
     assert _outcomes(events, t, "hold", "after", "buy", "last") == {
         "hold": ("APPROVED", None), "after": ("APPROVED", None), "buy": ("APPROVED", None),
@@ -180,23 +180,17 @@ def test_a_card_frozen_between_two_messages(env, spawn_worker, tmp_path) -> None
     lc.seed(env, (t["acc"], "1000.00"))
     _controls(env, tmp_path, [f"{t['card']},{t['acc']}"],
               [f"{t['lim']},CARD,{t['card']},DAY,150.00,"])
-    day = "2026-04-07T10:00:00Z"
-
-    def on_card(key: str, kind: str, amount: str, original: str | None = None
-                ) -> dict[str, Any]:
-        return _at(lc.msg(t[key], kind, t["acc"], amount, original, card_id=t["card"]), day)
-
-    lc.run(env, spawn_worker, [on_card("before", "PURCHASE", "20.00"),
-                               on_card("hold", "AUTHORIZATION", "50.00"),
-                               on_card("hold2", "AUTHORIZATION", "30.00")])
+    lc.run(env, spawn_worker, [_on_card(t, "before", "PURCHASE", "20.00"),
+                               _on_card(t, "hold", "AUTHORIZATION", "50.00"),
+                               _on_card(t, "hold2", "AUTHORIZATION", "30.00")])
     said = _admin(env, "cards", "status", t["card"], "FROZEN", "--reason", "lost in a taxi",
                   "--by", "agent-7")
     assert "ACTIVE -> FROZEN" in said
-    lc.send_more(env, [on_card("after", "PURCHASE", "5.00"),
-                       on_card("verify", "VERIFICATION", "0.00"),
-                       on_card("clear", "CLEARING", "50.00", t["hold"]),
-                       on_card("rev", "REVERSAL", "30.00", t["hold2"]),
-                       on_card("advice", "ADVICE", "200.00")])
+    lc.send_more(env, [_on_card(t, "after", "PURCHASE", "5.00"),
+                       _on_card(t, "verify", "VERIFICATION", "0.00"),
+                       _on_card(t, "clear", "CLEARING", "50.00", t["hold"]),
+                       _on_card(t, "rev", "REVERSAL", "30.00", t["hold2"]),
+                       _on_card(t, "advice", "ADVICE", "200.00")])
     events = lc.events(env, expect=8)
     assert _outcomes(events, t, "after", "verify", "clear", "rev", "advice") == {
         "after": ("DECLINED", "CARD_BLOCKED"), "verify": ("DECLINED", "CARD_BLOCKED"),
