@@ -11,7 +11,7 @@ Dry run by default: lists what would end, changes nothing. ``--execute``, in thi
 2. Publish a ``HoldExpired`` for every expired hold whose ``expiry_published_at`` is still
    NULL (the outbox: the ones this run ended, and any a run before it ended but could not
    publish), and wait for Kafka's acknowledgements.
-3. Set ``expiry_published_at`` for those.
+3. Set ``expiry_published_at`` for those, their accounts locked first as in step 1.
 
 Two runs at once: step 1 ends each hold once (the row lock and the conditional UPDATE);
 both may publish the same hold's event in step 2, with the same ``event_id`` (stable per
@@ -55,6 +55,13 @@ SELECT h.txn_id, h.account_id, h.currency::text AS currency, h.released::text AS
  ORDER BY h.ended_at
  LIMIT $1
 """
+# The holds' accounts are locked first, in the order every writer uses: a batch locks its
+# accounts, then the holds its messages name. An UPDATE of the holds alone, in whatever
+# order it met them, could keep one hold a batch waits for while waiting for another that
+# batch keeps (a deadlock, and the run exits 1).
+_LOCK_ACCOUNTS = """SELECT 1 FROM accounts
+ WHERE account_id IN (SELECT account_id FROM holds WHERE txn_id = ANY($1::text[]))
+ ORDER BY account_id FOR UPDATE"""
 _MARK = """UPDATE holds SET expiry_published_at = now()
  WHERE txn_id = ANY($1::text[]) AND expiry_published_at IS NULL"""
 
@@ -125,11 +132,18 @@ async def expire(settings: Settings, *, execute: bool) -> ExpiryReport:
             _publish(settings, [(r["txn_id"], r["account_id"], r["currency"],
                                  _amount(r["released"], r["currency"]), r["correlation_id"],
                                  r["ended_at"]) for r in outbox])
-            await conn.execute(_MARK, [r["txn_id"] for r in outbox])
+            await mark_published(conn, [r["txn_id"] for r in outbox])
             published += len(outbox)
         return ExpiryReport(True, hours, ended, published)
     finally:
         await conn.close()
+
+
+async def mark_published(conn: asyncpg.Connection, txn_ids: list[str]) -> None:
+    """Step 3: the holds' HoldExpired acknowledged, in one transaction."""
+    async with conn.transaction():
+        await conn.execute(_LOCK_ACCOUNTS, txn_ids)
+        await conn.execute(_MARK, txn_ids)
 
 
 def _publish(settings: Settings,

@@ -1,6 +1,7 @@
 """Holds end once: ``payauth holds expire`` (two runs at once, a worker clearing the same
-holds meanwhile), a clearing after expiry, and a worker killed inside the transaction of a
-reversal."""
+holds meanwhile), a clearing after expiry, a worker killed inside the transaction of a
+reversal, and the expiry's outbox marked while a batch keeps some of its holds locked (two
+connections)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,13 @@ import sys
 from collections import Counter
 from decimal import Decimal
 
+import asyncpg
+
+from service.adapters.postgres import PostgresStore
+from service.ops import holds as hold_ops
 from tests.support import lifecycle as lc
 from tests.support import stack
-from tests.support.factory import encode
+from tests.support.factory import authorization, encode
 from tests.support.workers import payauth, wait_caught_up
 
 
@@ -140,3 +145,50 @@ def test_a_worker_killed_inside_a_reversals_transaction_releases_once(env,
                                    "WHERE kind = 'REVERSAL' ORDER BY txn_id")
     assert {r["txn_id"]: r["amount_applied"] for r in applied} == \
         {t["r1"]: Decimal("30.00"), t["r2"]: Decimal("20.00")}
+
+
+def test_the_outbox_marked_while_a_batch_keeps_its_holds_waits_for_the_account(
+        env: stack.Env) -> None:
+    """1. A batch has locked an account and the second of its two expired holds (as the
+    lifecycle route locks its messages' holds, after the accounts). 2. The expiry run marks
+    both published: it must wait for the account before it takes any hold. 3. The batch
+    locks the first hold, and commits: nobody deadlocks (seen failing, "deadlock detected",
+    with the holds updated without the account's lock)."""
+    t = lc.names("h1", "h2", "acc")
+    acc = t["acc"]
+    asyncio.run(stack.seed_accounts(env.dsn, [(acc, "100.00", "EUR")]))
+    first, second = sorted([t["h1"], t["h2"]])
+
+    async def scenario() -> None:
+        store = await PostgresStore.connect(env.dsn)
+        try:
+            await stack.authorize_in_order(store, [
+                authorization(first, acc, "10.00", "AUTHORIZATION"),
+                authorization(second, acc, "10.00", "AUTHORIZATION")])
+        finally:
+            await store.close()
+        await (await asyncpg.connect(env.dsn)).execute(
+            "UPDATE holds SET state = 'EXPIRED', ended_at = now(), released = remaining, "
+            "remaining = 0 WHERE txn_id = ANY($1)",
+            [first, second])
+        batch = await asyncpg.connect(env.dsn)
+        marker = await asyncpg.connect(env.dsn, server_settings={
+            "application_name": "payauth-expiry"})
+        try:
+            tx = batch.transaction()
+            await tx.start()
+            await batch.execute("SELECT 1 FROM accounts WHERE account_id = $1 FOR UPDATE", acc)
+            await batch.execute("SELECT 1 FROM holds WHERE txn_id = $1 FOR UPDATE", second)
+            marking = asyncio.create_task(hold_ops.mark_published(marker, [first, second]))
+            await stack.until_a_lock_is_awaited(env.dsn, "payauth-expiry")
+            await batch.execute("SELECT 1 FROM holds WHERE txn_id = $1 FOR UPDATE", first)
+            await tx.commit()
+            await asyncio.wait_for(marking, 10)
+        finally:
+            await batch.close()
+            await marker.close()
+
+    asyncio.run(scenario())
+    marked = stack.fetch(env.dsn, "SELECT count(*) AS n FROM holds WHERE txn_id = ANY($1) "
+                                  "AND expiry_published_at IS NOT NULL", [first, second])
+    assert marked[0]["n"] == 2
