@@ -171,6 +171,29 @@ def test_a_full_reversal_gives_the_usage_and_the_count_back(env, spawn_worker,
     lc.verified(env)
 
 
+def test_a_reversal_of_an_increments_whole_amount_keeps_the_counts(env, spawn_worker,
+                                                                   tmp_path) -> None:
+    """A hold of 50 and its increment of 20 count 70 and 2. A partial reversal of 20 takes
+    the increment's amount back (the increments first) but no count: the authorization
+    stands (seen failing with the increment's count given back when its charge was given
+    back whole). The reversal of the rest is full: the counts go back too."""
+    t = lc.names("hold", "inc", "part", "rest", "acc", "card", "lim")
+    lc.seed(env, (t["acc"], "1000.00"))
+    _controls(env, tmp_path, [f"{t['card']},{t['acc']}"],
+              [f"{t['lim']},CARD,{t['card']},DAY,500.00,10"])
+    lc.run(env, spawn_worker, [_on_card(t, "hold", "AUTHORIZATION", "50.00"),
+                               _on_card(t, "inc", "INCREMENTAL", "20.00", t["hold"])])
+    assert _usage(env, t["lim"]) == {"2026-04-07": (70, 2)}
+    lc.send_more(env, [_on_card(t, "part", "REVERSAL", "20.00", t["hold"])])
+    assert _usage(env, t["lim"]) == {"2026-04-07": (50, 2)}
+    lc.send_more(env, [_on_card(t, "rest", "REVERSAL", "50.00", t["hold"])])
+    assert _usage(env, t["lim"]) == {"2026-04-07": (0, 0)}
+    events = lc.events(env, expect=4)
+    assert _outcomes(events, t, "hold", "inc", "part", "rest") == {
+        k: ("APPROVED", None) for k in ("hold", "inc", "part", "rest")}
+    lc.verified(env)
+
+
 def test_a_card_frozen_between_two_messages(env, spawn_worker, tmp_path) -> None:
     """Frozen by `payauth cards status` between two purchases: the second is declined and
     its event names the status; a clearing and a reversal on the frozen card are applied;
