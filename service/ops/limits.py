@@ -8,7 +8,8 @@ with these names is optional; an empty maximum is none, one of the two is requir
 row is checked first; a limit of a card or account that does not exist loads nothing and
 names its line. A new limit_id is inserted; one already there gets the file's maximums (a
 limit raised or lowered applies from the next decision; what was counted stays), but never
-another scope, period or category: that is another limit, with another id. One
+another scope, period or category: that is another limit, with another id (also when
+another `limits load` inserted that id while this one ran: then nothing loads). One
 transaction, which takes the locks of the accounts concerned first, as every batch that
 decides for them does: the change applies to every message decided after it commits.
 
@@ -130,20 +131,32 @@ async def load(dsn: str, rows: list[LimitRow]) -> str:
                 "SELECT 1 FROM accounts WHERE account_id = ANY($1::text[]) "
                 "ORDER BY account_id FOR UPDATE",
                 sorted({owners[(r.scope, r.scope_id)] for r in rows}))
-            await conn.execute(
-                """INSERT INTO spending_limits (limit_id, scope, scope_id, period, max_amount,
-                                                max_count, merchant_category)
+            # A limit another command inserted since the check above (its transaction
+            # still open then) is found here, once it commits: its maximums change only if
+            # it counts what the file says; otherwise it is not written, and not returned.
+            written = {w["limit_id"]: w["inserted"] for w in await conn.fetch(
+                """INSERT INTO spending_limits AS l (limit_id, scope, scope_id, period,
+                                                     max_amount, max_count, merchant_category)
                    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[],
                                         $5::numeric[], $6::integer[], $7::text[])
                    ON CONFLICT (limit_id) DO UPDATE
-                   SET max_amount = excluded.max_amount, max_count = excluded.max_count""",
+                   SET max_amount = excluded.max_amount, max_count = excluded.max_count
+                   WHERE (l.scope, l.scope_id, l.period, l.merchant_category)
+                         IS NOT DISTINCT FROM (excluded.scope, excluded.scope_id,
+                                               excluded.period, excluded.merchant_category)
+                   RETURNING l.limit_id, l.xmax = 0 AS inserted""",
                 [r.limit_id for r in rows], [r.scope for r in rows],
                 [r.scope_id for r in rows], [r.period for r in rows],
                 [r.max_amount for r in rows], [r.max_count for r in rows],
-                [r.merchant_category for r in rows])
+                [r.merchant_category for r in rows])}
+            raced = [f"line {r.line}: limit_id {r.limit_id} was loaded meanwhile by another "
+                     "command, counting something else; another limit needs another id"
+                     for r in rows if r.limit_id not in written]
+            if raced:
+                raise csv_file.FileInvalid(raced)
     finally:
         await conn.close()
-    changed = sum(1 for r in rows if r.limit_id in existing)
+    changed = sum(1 for inserted in written.values() if not inserted)
     return f"limits: {len(rows) - changed} new, {changed} with new maximums, 0 rejected"
 
 

@@ -5,9 +5,14 @@ the declines on the output topic."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
+import asyncpg
+import pytest
+
+from service.ops import csv_file, limits
 from tests.support import lifecycle as lc
 from tests.support import stack
 from tests.support.factory import encode
@@ -192,6 +197,46 @@ def test_a_reversal_of_an_increments_whole_amount_keeps_the_counts(env, spawn_wo
     assert _outcomes(events, t, "hold", "inc", "part", "rest") == {
         k: ("APPROVED", None) for k in ("hold", "inc", "part", "rest")}
     lc.verified(env)
+
+
+def test_a_limit_id_loaded_by_another_command_meanwhile_loads_nothing(env) -> None:
+    """Two connections: another command has inserted limit L (an account's, per month) and
+    not committed; `limits load` of L as a card's daily limit checks before it (L not seen),
+    then waits for L's row; the other commits. The load refuses the line and loads nothing,
+    and L keeps what it counts and its maximum (seen failing: the load set its maximum on the
+    other command's limit and said it loaded)."""
+    t = lc.names("acc", "card", "lim", "other")
+    lc.seed(env, (t["acc"], "1000.00"))
+    stack.fetch(env.dsn, "INSERT INTO cards (card_id, account_id) VALUES ($1, $2) RETURNING 1",
+                t["card"], t["acc"])
+    rows = limits.parse(f"{t['lim']},CARD,{t['card']},DAY,100.00,\n"
+                        f"{t['other']},CARD,{t['card']},MONTH,800.00,\n")
+
+    async def scenario() -> list[str]:
+        other = await asyncpg.connect(env.dsn)
+        try:
+            tx = other.transaction()
+            await tx.start()
+            await other.execute(
+                "INSERT INTO spending_limits (limit_id, scope, scope_id, period, max_amount) "
+                "VALUES ($1, 'ACCOUNT', $2, 'MONTH', 900)", t["lim"], t["acc"])
+            loading = asyncio.create_task(limits.load(env.dsn, rows))
+            await stack.until_a_lock_is_awaited(env.dsn)
+            await tx.commit()
+            with pytest.raises(csv_file.FileInvalid) as refused:
+                await loading
+            return refused.value.problems
+        finally:
+            await other.close()
+
+    problems = asyncio.run(scenario())
+    assert len(problems) == 1 and problems[0].startswith("line 1: limit_id ")
+    assert "loaded meanwhile" in problems[0]
+    kept = stack.fetch(env.dsn, "SELECT limit_id, scope, period, max_amount "
+                                "FROM spending_limits WHERE limit_id = ANY($1) ORDER BY 1",
+                       [t["lim"], t["other"]])
+    assert [(r["limit_id"], r["scope"], r["period"], r["max_amount"]) for r in kept] == [
+        (t["lim"], "ACCOUNT", "MONTH", 900)]
 
 
 def test_a_card_frozen_between_two_messages(env, spawn_worker, tmp_path) -> None:
