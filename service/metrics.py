@@ -91,7 +91,14 @@ consumer_lag = Gauge(
 )
 dedup_records = Gauge(
     "payauth_dedup_records",
-    "Rows in the PostgreSQL dedup store (processed_transactions).",
+    "Rows in the PostgreSQL dedup store (processed_transactions), as PostgreSQL's statistics "
+    "estimate them (counting billions of rows would scan them all).",
+    registry=REGISTRY,
+)
+dedup_store_bytes = Gauge(
+    "payauth_dedup_store_bytes",
+    "Bytes the PostgreSQL dedup store takes on disk: processed_transactions (every "
+    "partition), its indexes and TOAST.",
     registry=REGISTRY,
 )
 dedup_oldest_age_seconds = Gauge(

@@ -317,7 +317,9 @@ async def _count_dedup_records(store: PostgresStore, settings: Settings,
     seen: set[str] = set()  # currencies with holds once: shown at 0 when none is left
     while True:
         try:
-            metrics.dedup_records.set(await store.count_dedup_records())
+            records, size = await store.dedup_store_size()
+            metrics.dedup_records.set(records)
+            metrics.dedup_store_bytes.set(size)
             g = await store.lifecycle_gauges(settings.hold_expiry_hours)
             now = dict(zip(g["currencies"], zip(g["counts"], g["amounts"], strict=True),
                            strict=True))

@@ -227,6 +227,17 @@ SELECT (SELECT coalesce(array_agg(currency), '{}') FROM per) AS currencies,
 """
 # The cards not ACTIVE, by status; the ten limits nearest their ceiling in the period under
 # way (usage over maximum, by amount or count, whichever is nearer).
+# The dedup store's parts: the table itself, or each partition of it (relkind 'r': a
+# partitioned parent holds no rows): rows as the statistics estimate them (reltuples, kept
+# by autovacuum; -1 before a part's first analyze), bytes with indexes and TOAST.
+_DEDUP_STORE_PARTS = """
+SELECT c.oid::regclass::text AS part, c.reltuples, pg_total_relation_size(c.oid) AS bytes
+  FROM pg_class c
+ WHERE c.relkind = 'r'
+   AND c.oid IN (SELECT 'processed_transactions'::regclass
+                 UNION ALL
+                 SELECT t.relid FROM pg_partition_tree('processed_transactions') t)
+"""
 _CONTROLS_GAUGES = """
 WITH frozen AS (
     SELECT status, count(*) AS n FROM cards WHERE status <> 'ACTIVE' GROUP BY status
@@ -520,12 +531,19 @@ class PostgresStore:
             _raise_translated(exc)
         return dict(row) if row else {}
 
-    async def count_dedup_records(self) -> int:
+    async def dedup_store_size(self) -> tuple[int, int]:
+        """The dedup store's rows (PostgreSQL's estimate) and bytes on disk."""
         try:
             async with self._pool.acquire() as conn:
-                return int(await conn.fetchval("SELECT count(*) FROM processed_transactions"))
+                parts = await conn.fetch(_DEDUP_STORE_PARTS)
+                records = 0
+                for part in parts:
+                    # (A part never analyzed is young: counted, the only exact count.)
+                    records += int(part["reltuples"]) if part["reltuples"] >= 0 else int(
+                        await conn.fetchval(f"SELECT count(*) FROM {part['part']}"))
         except Exception as exc:
             _raise_translated(exc)
+        return records, sum(int(part["bytes"]) for part in parts)
 
 
 async def _keep_session(conn: asyncpg.Connection) -> None:
