@@ -3,9 +3,9 @@ moment on another connection: an orphan reversal kept by one batch and its purch
 by another, interleaved exactly as a review found them losing the reversal's credit (the
 purchase's batch reading the waiting orphans before it locked the account); a clearing kept
 before its hold and the hold decided by another batch, at the same point; two purchases of
-one card with room in its limit for one; a card frozen while a batch decides for its
-account; and the first race many times over through two
-stores, as two workers' batches meet."""
+one card with room in its limit for one; a card frozen, and a limit loaded, while a batch
+decides for its account; and the first race many times over through two stores, as two
+workers' batches meet."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import asyncpg
 
 from service.adapters.postgres import PostgresStore
 from service.domain.messages import Authorization, decode_authorization
-from service.ops import cards
+from service.ops import cards, limits
 from tests.support import stack
 from tests.support.factory import auth_message, authorization, encode
 
@@ -217,3 +217,51 @@ def test_a_card_frozen_while_a_batch_decides_for_its_account_waits_for_it(
     assert "ACTIVE -> FROZEN" in said
     assert (first.result, after.result, after.decline_reason, after.card_status) == \
         ("APPROVED", "DECLINED", "CARD_BLOCKED", "FROZEN")
+
+
+def test_a_limit_loaded_while_a_batch_decides_for_its_account_waits_for_it(
+        env: stack.Env) -> None:
+    """`payauth limits load` reads the card's owner without a lock, then takes the account's
+    lock as a batch does: 1. a batch decides a purchase of 60 on the card (no limit yet),
+    its account locked, not committed. 2. The load of a daily limit of 100 waits for that
+    lock. 3. The batch commits (nothing counted: no limit when it read them); the load
+    commits; the next purchase of 60 counts from 0 and fits, a third is declined
+    LIMIT_EXCEEDED (seen not waiting with the account's lock removed from the command)."""
+    account = f"RACE-{uuid.uuid4().hex[:6]}"
+    card = f"CARD-{account}"
+    asyncio.run(stack.seed_accounts(env.dsn, [(account, "1000.00", "EUR")]))
+    stack.fetch(env.dsn, "INSERT INTO cards (card_id, account_id) VALUES ($1, $2) RETURNING 1",
+                card, account)
+    rows = limits.parse(f"LIM-{account},CARD,{card},DAY,100.00,\n")
+
+    def on_card(txn: str) -> Authorization:
+        return decode_authorization(encode(auth_message(
+            f"{txn}-{account}", account_id=account, amount="60.00", card_id=card)))
+
+    async def scenario() -> tuple[Any, list[Any], str]:
+        holding = await HeldOpenStore.connect(env.dsn)
+        other = await PostgresStore.connect(env.dsn)
+        try:
+            first = asyncio.create_task(holding.authorize(
+                [on_card("P1")], source_topic="t", source_partitions=[1], source_offsets=[0]))
+            await asyncio.wait_for(holding.decided.wait(), 10)
+            load = asyncio.create_task(limits.load(env.dsn, rows))
+            await stack.until_a_lock_is_awaited(env.dsn)  # the load waits for the batch
+            assert not load.done()
+            holding.release.set()
+            [a] = await first
+            said = await load
+            after = await stack.authorize_in_order(other, [on_card("P2"), on_card("P3")])
+            return a, after, said
+        finally:
+            await holding.close()
+            await other.close()
+
+    first, after, said = asyncio.run(scenario())
+    assert said.startswith("limits: 1 new")
+    assert first.result == "APPROVED"
+    assert [(r.result, r.decline_reason, r.limit_id) for r in after] == [
+        ("APPROVED", None, None), ("DECLINED", "LIMIT_EXCEEDED", f"LIM-{account}")]
+    [usage] = stack.fetch(env.dsn, "SELECT amount, count FROM limit_usage WHERE limit_id = $1",
+                          f"LIM-{account}")
+    assert (usage["amount"], usage["count"]) == (Decimal("60.00"), 1)
