@@ -140,30 +140,41 @@ BEGIN
         -- A reversal that gives back to a spending limit (of an original a limit counted, or
         -- of one a limit may count earlier in the batch: placed, or incremented) before a
         -- message of its account that a limit may count: that one must see the usage given
-        -- back.
-        WHEN EXISTS (SELECT 1 FROM unnest(p_auth_types, p_originals, p_account_ids)
-                                   WITH ORDINALITY AS t(kind, orig, acct, ord)
+        -- back. (Linear in the batch: each account's last counted message is found once;
+        -- whether any limit is of the batch's accounts or cards is asked once.)
+        WHEN EXISTS (SELECT 1
+                       FROM unnest(p_auth_types, p_originals, p_account_ids)
+                                WITH ORDINALITY AS t(kind, orig, acct, ord)
+                       JOIN (SELECT l.acct, max(l.ord) AS last
+                               FROM unnest(p_auth_types, p_account_ids)
+                                        WITH ORDINALITY AS l(kind, acct, ord)
+                              WHERE l.kind IN ('PURCHASE', 'AUTHORIZATION', 'INCREMENTAL',
+                                               'ADVICE')
+                              GROUP BY l.acct) c ON c.acct = t.acct AND c.last > t.ord
                       WHERE t.kind = 'REVERSAL'
-                        AND EXISTS (SELECT 1 FROM unnest(p_auth_types, p_account_ids)
-                                                  WITH ORDINALITY AS l(kind, acct, ord)
-                                     WHERE l.ord > t.ord AND l.acct = t.acct
-                                       AND l.kind IN ('PURCHASE', 'AUTHORIZATION',
-                                                      'INCREMENTAL', 'ADVICE'))
                         AND (EXISTS (SELECT 1 FROM limit_charges c WHERE c.txn_id = t.orig)
-                             OR ((t.orig = ANY(p_txn_ids)
-                                  OR EXISTS (SELECT 1 FROM unnest(p_auth_types, p_originals)
-                                                            WITH ORDINALITY AS e(kind, orig, ord)
-                                              WHERE e.ord < t.ord AND e.orig = t.orig
-                                                AND e.kind = 'INCREMENTAL'))
-                                 AND EXISTS (SELECT 1 FROM spending_limits l
-                                              WHERE l.scope_id = ANY(p_account_ids)
-                                                 OR l.scope_id = ANY(p_card_ids)))))
+                             OR ((SELECT EXISTS (SELECT 1 FROM spending_limits l
+                                                  WHERE l.scope_id = ANY(p_account_ids)
+                                                     OR l.scope_id = ANY(p_card_ids)))
+                                 AND EXISTS (SELECT 1 FROM unnest(p_txn_ids, p_auth_types,
+                                                                  p_originals)
+                                                           WITH ORDINALITY AS e(txn, kind, orig, ord)
+                                              WHERE e.txn = t.orig
+                                                 OR (e.ord < t.ord AND e.orig = t.orig
+                                                     AND e.kind = 'INCREMENTAL')))))
             THEN 'each'
         -- A hold placed twice: in the batch, or found already (PA409, the loop says which).
         WHEN EXISTS (SELECT 1 FROM unnest(p_txn_ids, p_auth_types) AS t(txn, kind)
                       WHERE t.kind IN ('AUTHORIZATION', 'ADVICE')
-                      GROUP BY t.txn HAVING count(*) > 1
-                         OR EXISTS (SELECT 1 FROM holds h WHERE h.txn_id = t.txn))
+                      GROUP BY t.txn HAVING count(*) > 1)
+            THEN 'each'
+        -- (Each of the batch's holds probed by its key: never a scan of every hold.)
+        WHEN EXISTS (SELECT 1 FROM holds h
+                      WHERE h.txn_id = ANY (ARRAY(SELECT t.txn
+                                                   FROM unnest(p_txn_ids, p_auth_types)
+                                                            AS t(txn, kind)
+                                                  WHERE t.kind IN ('AUTHORIZATION',
+                                                                   'ADVICE'))))
             THEN 'each'
         ELSE 'lifecycle'
     END;

@@ -10,6 +10,7 @@
 -- Per pair, in the batch's order then the limit's: the message, the limit and its period's
 -- first day (NULL: a TRANSACTION limit), its maximums, and its slot: the pairs of one limit
 -- and period share a slot, whose usage (slot_used_*) the route carries on through the batch.
+-- (No pair at all: every pair array and pair_first/pair_last are NULL.)
 CREATE OR REPLACE FUNCTION payauth_batch_controls(
     p_account_ids text[],
     p_card_ids    text[],
@@ -36,6 +37,9 @@ CREATE OR REPLACE FUNCTION payauth_batch_controls(
 )
 LANGUAGE plpgsql
 AS $$
+DECLARE
+    times timestamptz[];
+    i     integer;
 BEGIN
     judged := EXISTS (SELECT 1 FROM unnest(p_card_ids) AS c(id) WHERE c.id IS NOT NULL)
               OR EXISTS (SELECT 1 FROM card_blocks b WHERE b.scope_id = ANY(p_account_ids))
@@ -43,42 +47,41 @@ BEGIN
     IF NOT judged THEN
         RETURN;
     END IF;
+    times := p_times::timestamptz[];
 
-    SELECT array_agg(payauth_card_verdict(m.card, i.card_status, i.card_expires,
-                                          i.message_day, i.blocks) ORDER BY i.ord),
-           array_agg(i.card_status ORDER BY i.ord), array_agg(i.card_expires ORDER BY i.ord),
-           array_agg(array_to_string(i.blocks, ',') ORDER BY i.ord)
+    -- (Each array is aggregated in one pass over rows already in the batch's order: an
+    -- ORDER BY in each aggregate would sort the batch once per array.)
+    SELECT array_agg(payauth_card_verdict(p_card_ids[i.ord], i.card_status, i.card_expires,
+                                          i.message_day, i.blocks)),
+           array_agg(i.card_status), array_agg(i.card_expires),
+           array_agg(array_to_string(i.blocks, ','))
       INTO verdicts, card_statuses, card_expiries, card_blocks
-      FROM payauth_card_inputs(p_account_ids, p_card_ids, p_categories, p_countries,
-                               p_times::timestamptz[], p_tz) i
-      JOIN unnest(p_card_ids) WITH ORDINALITY AS m(card, ord) ON m.ord = i.ord;
+      FROM (SELECT * FROM payauth_card_inputs(p_account_ids, p_card_ids, p_categories,
+                                              p_countries, times, p_tz) c
+             ORDER BY c.ord) i;
 
-    WITH r AS (
-        SELECT s.*, row_number() OVER (ORDER BY s.ord, s.limit_id) AS q,
-               dense_rank() OVER (ORDER BY s.limit_id, s.period_start) AS slot
-          FROM payauth_limit_slots(p_account_ids, p_card_ids, p_categories, p_auth_types,
-                                   p_times::timestamptz[], p_tz) s
-    ), slots AS (
-        SELECT DISTINCT ON (r.slot) r.slot, r.used_amount, r.used_count FROM r ORDER BY r.slot
-    ), firsts AS (
-        SELECT r.ord, min(r.q) AS first, max(r.q) AS last FROM r GROUP BY r.ord
-    )
-    SELECT (SELECT array_agg(f.first ORDER BY g.i)
-              FROM generate_series(1, cardinality(p_account_ids)) AS g(i)
-              LEFT JOIN firsts f ON f.ord = g.i),
-           (SELECT array_agg(f.last ORDER BY g.i)
-              FROM generate_series(1, cardinality(p_account_ids)) AS g(i)
-              LEFT JOIN firsts f ON f.ord = g.i),
-           (SELECT array_agg(r.ord::integer ORDER BY r.q) FROM r),
-           (SELECT array_agg(r.limit_id ORDER BY r.q) FROM r),
-           (SELECT array_agg(r.period_start ORDER BY r.q) FROM r),
-           (SELECT array_agg(r.max_amount ORDER BY r.q) FROM r),
-           (SELECT array_agg(r.max_count ORDER BY r.q) FROM r),
-           (SELECT array_agg(r.slot::integer ORDER BY r.q) FROM r),
-           (SELECT array_agg(s.used_amount ORDER BY s.slot) FROM slots s),
-           (SELECT array_agg(s.used_count ORDER BY s.slot) FROM slots s)
-      INTO pair_first, pair_last, pair_msg, pair_limit, pair_start, pair_max_amount,
-           pair_max_count, pair_slot, slot_used_amount, slot_used_count;
+    -- A slot is numbered by its first pair: slot_used_* are indexed as the pairs are.
+    SELECT array_agg(r.ord::integer), array_agg(r.limit_id), array_agg(r.period_start),
+           array_agg(r.max_amount), array_agg(r.max_count), array_agg(r.slot::integer),
+           array_agg(r.used_amount), array_agg(r.used_count)
+      INTO pair_msg, pair_limit, pair_start, pair_max_amount, pair_max_count, pair_slot,
+           slot_used_amount, slot_used_count
+      FROM (SELECT s.*, min(s.q) OVER (PARTITION BY s.limit_id, s.period_start) AS slot
+              FROM payauth_limit_slots(p_account_ids, p_card_ids, p_categories, p_auth_types,
+                                       times, p_tz)
+                   WITH ORDINALITY AS s(ord, limit_id, period_start, max_amount, max_count,
+                                        used_amount, used_count, q)
+             ORDER BY s.q) r;
+
+    IF pair_msg IS NOT NULL THEN
+        pair_first := array_fill(NULL::integer, ARRAY[cardinality(p_account_ids)]);
+        pair_last := pair_first;
+        FOR q IN 1..cardinality(pair_msg) LOOP
+            i := pair_msg[q];
+            pair_first[i] := coalesce(pair_first[i], q);
+            pair_last[i] := q;
+        END LOOP;
+    END IF;
 END
 $$;
 

@@ -18,11 +18,15 @@ CREATE OR REPLACE FUNCTION payauth_limit_slots(
                  max_count integer, used_amount numeric, used_count integer)
 LANGUAGE sql STABLE
 AS $$
+    -- (A card and a usage row are each one row found by its key: the lateral LIMIT 1 keeps
+    -- them index probes, whatever the planner guesses of the batch's size, and the period
+    -- is part of the usage row's key, never a filter over all of a limit's periods.)
     SELECT m.ord, l.limit_id, s.period_start, l.max_amount, l.max_count,
            coalesce(u.amount, 0), coalesce(u.count, 0)
       FROM unnest(p_account_ids, p_card_ids, p_categories, p_auth_types, p_times)
                WITH ORDINALITY AS m(acct, card, cat, kind, t, ord)
-      LEFT JOIN cards c ON c.card_id = m.card AND c.account_id = m.acct
+      LEFT JOIN LATERAL (SELECT c.card_id FROM cards c
+                          WHERE c.card_id = m.card AND c.account_id = m.acct LIMIT 1) c ON true
       JOIN spending_limits l
         ON l.scope_id IN (m.acct, c.card_id)
        AND ((l.scope = 'ACCOUNT' AND l.scope_id = m.acct)
@@ -30,8 +34,9 @@ AS $$
        AND (l.merchant_category IS NULL OR l.merchant_category = m.cat)
      CROSS JOIN LATERAL (
            SELECT payauth_period_start(l.period, m.t, p_tz) AS period_start) s
-      LEFT JOIN limit_usage u
-        ON u.limit_id = l.limit_id AND u.period_start = s.period_start
+      LEFT JOIN LATERAL (SELECT u.amount, u.count FROM limit_usage u
+                          WHERE u.limit_id = l.limit_id AND u.period_start = s.period_start
+                          LIMIT 1) u ON true
      WHERE m.kind IN ('PURCHASE', 'AUTHORIZATION', 'INCREMENTAL', 'ADVICE')
      ORDER BY m.ord, l.limit_id
 $$;
