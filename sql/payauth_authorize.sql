@@ -168,13 +168,12 @@ BEGIN
                       WHERE t.kind IN ('AUTHORIZATION', 'ADVICE')
                       GROUP BY t.txn HAVING count(*) > 1)
             THEN 'each'
-        -- (Each of the batch's holds probed by its key: never a scan of every hold.)
-        WHEN EXISTS (SELECT 1 FROM holds h
-                      WHERE h.txn_id = ANY (ARRAY(SELECT t.txn
-                                                   FROM unnest(p_txn_ids, p_auth_types)
-                                                            AS t(txn, kind)
-                                                  WHERE t.kind IN ('AUTHORIZATION',
-                                                                   'ADVICE'))))
+        -- (Each of the batch's holds probed by its key, a lateral probe: never a scan of
+        -- every hold, whatever the planner guesses of a young table.)
+        WHEN EXISTS (SELECT 1 FROM unnest(p_txn_ids, p_auth_types) AS t(txn, kind)
+                      CROSS JOIN LATERAL (SELECT 1 FROM holds h WHERE h.txn_id = t.txn
+                                           LIMIT 1) h
+                      WHERE t.kind IN ('AUTHORIZATION', 'ADVICE'))
             THEN 'each'
         ELSE 'lifecycle'
     END;

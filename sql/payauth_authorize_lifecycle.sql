@@ -72,6 +72,7 @@ DECLARE
     hby        text[];
     hrel       numeric[];
     hlim       boolean[];  -- a limit counted it (holds.limited): its reversals give back
+    htids      tid[];      -- where each hold found is, locked: its UPDATE finds it there
     gives      boolean[];  -- per message: a REVERSAL of a hold a limit had counted by then
     hlive      boolean[];  -- exists by now: found, or placed (approved) earlier in the batch
     htouched   boolean[];  -- a found hold this batch changed
@@ -139,17 +140,20 @@ BEGIN
       FROM unnest(p_account_ids) WITH ORDINALITY AS t(id, ord)
       JOIN unnest(ids) WITH ORDINALITY AS s(id, pos) ON s.id = t.id;
 
-    -- The originals that are holds, locked in one order; then the holds the batch places.
-    PERFORM 1 FROM holds WHERE txn_id = ANY(p_originals) ORDER BY txn_id FOR UPDATE;
-    SELECT coalesce(array_agg(h.txn_id ORDER BY h.txn_id), '{}'),
-           array_agg(h.account_id ORDER BY h.txn_id), array_agg(h.currency::text ORDER BY h.txn_id),
-           array_agg(h.kind ORDER BY h.txn_id), array_agg(h.amount ORDER BY h.txn_id),
-           array_agg(h.incremented ORDER BY h.txn_id),
-           array_agg(h.remaining ORDER BY h.txn_id), array_agg(h.state ORDER BY h.txn_id),
-           array_agg(h.ended_by ORDER BY h.txn_id), array_agg(h.released ORDER BY h.txn_id),
-           array_agg(h.limited ORDER BY h.txn_id)
-      INTO hkeys, hacct, hcur, hkind, hamt, hinc, hrem, hstate, hby, hrel, hlim
-      FROM holds h WHERE h.txn_id = ANY(p_originals);
+    -- The originals that are holds, locked and read in one order (txn_id), each found by
+    -- its key (a lateral probe: never a scan of the holds, which a planner's guess on a
+    -- young table chose, reading every hold per batch); then the holds the batch places.
+    -- (The arrays are aggregated in one pass: aligned, in the order locked.)
+    SELECT coalesce(array_agg(h.txn_id), '{}'), array_agg(h.account_id),
+           array_agg(h.currency::text), array_agg(h.kind), array_agg(h.amount),
+           array_agg(h.incremented), array_agg(h.remaining), array_agg(h.state),
+           array_agg(h.ended_by), array_agg(h.released), array_agg(h.limited),
+           array_agg(h.tid)
+      INTO hkeys, hacct, hcur, hkind, hamt, hinc, hrem, hstate, hby, hrel, hlim, htids
+      FROM (SELECT DISTINCT o.id FROM unnest(p_originals) AS o(id)
+             WHERE o.id IS NOT NULL ORDER BY o.id) o
+     CROSS JOIN LATERAL (SELECT x.*, x.ctid AS tid FROM holds x
+                          WHERE x.txn_id = o.id FOR UPDATE) h;
     n_found := coalesce(array_length(hkeys, 1), 0);
     SELECT hkeys || coalesce(array_agg(t.id ORDER BY t.ord), '{}') INTO hkeys
       FROM unnest(p_txn_ids, p_auth_types) WITH ORDINALITY AS t(id, kind, ord)
@@ -326,7 +330,8 @@ BEGIN
       FROM unnest(hkeys[1:n_found], hrem[1:n_found], hinc[1:n_found], hstate[1:n_found],
                   hby[1:n_found], hrel[1:n_found], htouched[1:n_found], hlim[1:n_found])
            AS u(id, rem, inc, state, by, rel, touched, lim)
-     WHERE u.touched AND h.txn_id = u.id AND h.state = 'ACTIVE';
+     -- (Each where it was locked: a TID scan, never a scan of the active holds.)
+     WHERE h.ctid = ANY(htids) AND u.touched AND h.txn_id = u.id AND h.state = 'ACTIVE';
     GET DIAGNOSTICS n_written = ROW_COUNT;
     IF n_written <> (SELECT count(*) FROM unnest(htouched[1:n_found]) AS t WHERE t) THEN
         RAISE EXCEPTION 'a hold ended meanwhile' USING ERRCODE = 'PA409';
