@@ -1,6 +1,7 @@
 """Retention of the PostgreSQL dedup store: delete records older than the window, in bounded
-batches, each its own short transaction (no long locks, no bloat spike). The ledger is never
-purged: its unique txn_id stays the last guard against a second debit. Run by ``payauth
+batches, each its own short transaction (no long locks, no bloat spike), with the spending
+limits' charges kept under them and the usage of periods over before the window. The ledger
+is never purged: its unique txn_id stays the last guard against a second debit. Run by ``payauth
 purge`` (``service/ops/purge.py``) and by the worker now and then
 (``PAYAUTH_PURGE_INTERVAL_SECONDS``)."""
 
@@ -17,18 +18,49 @@ log = structlog.get_logger(__name__)
 
 def _delete_expired(table: str, key: str, age: str) -> str:
     """One bounded batch of ``table``'s rows older than the window ($1 hours, fractions
-    allowed; $2 rows); the names are this module's constants, never input."""
+    allowed; $2 rows); the names are this module's constants, never input. (Rows nobody but
+    the purge locks, and one purge at a time: no FOR UPDATE, which the worker's role may
+    not ask of a table it cannot update.)"""
     return f"""
 DELETE FROM {table}
  WHERE {key} IN (SELECT {key} FROM {table}
                   WHERE {age} < now() - $1::float8 * interval '1 hour'
                   ORDER BY {age}
-                  LIMIT $2
-                    FOR UPDATE SKIP LOCKED)
+                  LIMIT $2)
 """
 
 
-_DELETE_RECORDS = _delete_expired("processed_transactions", "txn_id", "processed_at")
+# The dedup records past the window, and the spending limits' charges kept under them
+# (what a reversal of that purchase or hold would give back): a reversal after the window
+# then gives nothing back, which only ever keeps a limit stricter, never looser.
+_DELETE_RECORDS = """
+WITH batch AS (
+    SELECT txn_id FROM processed_transactions
+     WHERE processed_at < now() - $1::float8 * interval '1 hour'
+     ORDER BY processed_at
+     LIMIT $2
+       FOR UPDATE SKIP LOCKED
+), charges AS (  -- (a data-modifying WITH runs whether or not it is read)
+    DELETE FROM limit_charges c USING batch b WHERE c.txn_id = b.txn_id
+)
+DELETE FROM processed_transactions p USING batch b WHERE p.txn_id = b.txn_id
+"""
+# The usage of the limits' periods over before the window, with a day to spare for the
+# limits' time zone (a MONTH taken as 31 days): no message decided within the window counts
+# in them. (A message whose own time is that old, decided now, counts from zero in its
+# period.)
+_DELETE_USAGE = """
+DELETE FROM limit_usage u
+ WHERE (u.limit_id, u.period_start) IN (
+       SELECT x.limit_id, x.period_start
+         FROM limit_usage x
+         JOIN spending_limits l ON l.limit_id = x.limit_id
+        WHERE x.period_start < (now() - $1::float8 * interval '1 hour')::date - 1
+          AND x.period_start + CASE l.period WHEN 'DAY' THEN 1 WHEN 'WEEK' THEN 7 ELSE 31 END
+              < (now() - $1::float8 * interval '1 hour')::date - 1
+        LIMIT $2
+          FOR UPDATE OF x SKIP LOCKED)
+"""
 # Publication receipts of the same age: every record that relied on one is older still
 # (processed before its batch was published), so it has been purged just before.
 _DELETE_RECEIPTS = _delete_expired("published_batches", "batch_id", "published_at")
@@ -74,6 +106,7 @@ async def purge(
         total = await delete_expired(_DELETE_RECORDS, "processed_transactions", pause_seconds)
         receipts = await delete_expired(_DELETE_RECEIPTS, "published_batches", 0.0)
         await delete_expired(_DELETE_SIGHTINGS, "duplicate_sightings", 0.0)
+        await delete_expired(_DELETE_USAGE, "limit_usage", 0.0)
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1)", _PURGE_LOCK)
     log.info("purge_done", deleted=total, receipts_deleted=receipts, batches=batches,
