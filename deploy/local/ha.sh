@@ -145,6 +145,12 @@ pg_ha_up() {
     || die "postgres: the monitor accepts no connection, see $HA_DIR/pg-monitor.log"
   pg_monitor_settings
   local node
+  # A cluster stopped whole comes back whole: its monitor asks every node for its LSN
+  # (report_lsn) before it names a primary, so the nodes that exist start together, then
+  # each settles; a new node is created after the ones before it (the first: the primary).
+  for node in 1 2 3; do
+    [ ! -f "$PG_HA_DIR/node$node/PG_VERSION" ] || pg_node_start "$node"
+  done
   for node in 1 2 3; do pg_node_up "$node"; done
   pg_number_sync_standbys
   # The monitor names both secondaries once they have caught up.
@@ -233,16 +239,16 @@ pg_forget_keeper() { # pg_forget_keeper PGDATA: a keeper's files left from a rem
   rm -rf "$home/.config/pg_autoctl$1" "$home/.local/share/pg_autoctl$1"
 }
 
-pg_node_up() { # pg_node_up NODE (1-3): create or restart it; waits until it settles
+pg_node_start() { # pg_node_start NODE (1-3): its keeper started, creating the node if new
   local port=${PG_NODE_PORTS[$(($1 - 1))]} data="$PG_HA_DIR/node$1"
-  if listening "$port"; then
-    step "postgres: node $1 already on $port"; pg_keeper_settings "$1"; return 0
+  if listening "$port" || ! pg_keeper_gone "$data"; then
+    step "postgres: node $1 already started (localhost:$port)"; return 0
   fi
   step "postgres: starting node $1 on localhost:$port"
   if [ -f "$data/PG_VERSION" ]; then
-    # The timeout is set once the keeper runs (below): `pg_autoctl config set` signals the
-    # keeper named in its pid file, and a stale one left by a killed keeper may name another
-    # process (seen: the command hung up on itself).
+    # The timeout is set once the keeper runs (pg_node_up): `pg_autoctl config set` signals
+    # the keeper named in its pid file, and a stale one left by a killed keeper may name
+    # another process (seen: the command hung up on itself).
     background "$HA_DIR/pg-node$1.log" "${PG_AS[@]}" env PATH="$(pg_bindir):$PATH" \
       pg_autoctl run --pgdata "$data"
   else
@@ -251,6 +257,10 @@ pg_node_up() { # pg_node_up NODE (1-3): create or restart it; waits until it set
       pg_autoctl create postgres --pgdata "$data" --pgport "$port" --hostname localhost \
       --auth trust --no-ssl --monitor "$MONITOR_URI" --dbname "$PG_DB" --run
   fi
+}
+
+pg_node_up() { # pg_node_up NODE (1-3): started (pg_node_start), then settled
+  pg_node_start "$1"
   # The first node becomes the primary before the others ask to follow it; a node that
   # comes back after a failover rejoins as a secondary (pg_rewind or a new base backup).
   wait_for "node $1" 180 pg_node_settled "$1" \
