@@ -1,7 +1,6 @@
 """Retention of the PostgreSQL dedup store: delete records older than the window, in bounded
 batches, each its own short transaction (no long locks, no bloat spike), with the spending
-limits' charges kept under them and the usage of periods over before the window. The ledger
-is never purged: its unique txn_id stays the last guard against a second debit. Run by ``payauth
+limits' charges kept under them. The ledger is never purged: its unique txn_id stays the last guard against a second debit. Run by ``payauth
 purge`` (``service/ops/purge.py``) and by the worker now and then
 (``PAYAUTH_PURGE_INTERVAL_SECONDS``)."""
 
@@ -44,22 +43,6 @@ WITH batch AS (
     DELETE FROM limit_charges c USING batch b WHERE c.txn_id = b.txn_id
 )
 DELETE FROM processed_transactions p USING batch b WHERE p.txn_id = b.txn_id
-"""
-# The usage of the limits' periods over before the window, with a day to spare for the
-# limits' time zone (a MONTH taken as 31 days): no message decided within the window counts
-# in them. (A message whose own time is that old, decided now, counts from zero in its
-# period.)
-_DELETE_USAGE = """
-DELETE FROM limit_usage u
- WHERE (u.limit_id, u.period_start) IN (
-       SELECT x.limit_id, x.period_start
-         FROM limit_usage x
-         JOIN spending_limits l ON l.limit_id = x.limit_id
-        WHERE x.period_start < (now() - $1::float8 * interval '1 hour')::date - 1
-          AND x.period_start + CASE l.period WHEN 'DAY' THEN 1 WHEN 'WEEK' THEN 7 ELSE 31 END
-              < (now() - $1::float8 * interval '1 hour')::date - 1
-        LIMIT $2
-          FOR UPDATE OF x SKIP LOCKED)
 """
 # Publication receipts of the same age: every record that relied on one is older still
 # (processed before its batch was published), so it has been purged just before.
@@ -106,7 +89,6 @@ async def purge(
         total = await delete_expired(_DELETE_RECORDS, "processed_transactions", pause_seconds)
         receipts = await delete_expired(_DELETE_RECEIPTS, "published_batches", 0.0)
         await delete_expired(_DELETE_SIGHTINGS, "duplicate_sightings", 0.0)
-        await delete_expired(_DELETE_USAGE, "limit_usage", 0.0)
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1)", _PURGE_LOCK)
     log.info("purge_done", deleted=total, receipts_deleted=receipts, batches=batches,

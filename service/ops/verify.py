@@ -153,9 +153,9 @@ LIFECYCLE_CHECKS = (
 
 # Card controls (docs/operations.md, "Card controls and spending limits").
 CONTROLS_CHECKS = (
-    # (The purge takes the charges away with their dedup records, and the usage of periods
-    # over before the window: a period that began, with a day to spare, after the oldest
-    # record kept has all its charges; an older one keeps at least what they count.)
+    # (The purge takes the charges away with their dedup records and keeps the usage: a
+    # period that began, with a day to spare, after the oldest record kept has all its
+    # charges; an older one's usage is at least what they count.)
     Check(
         "each spending limit's usage is what its charges count",
         """SELECT coalesce(u.limit_id, c.limit_id) || ' ' || coalesce(u.period_start,

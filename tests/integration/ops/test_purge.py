@@ -1,6 +1,6 @@
 """``payauth purge`` (``service/adapters/retention.py`` through ``service/ops/purge.py``):
 the window kept, older records deleted, and the ledger still guarding a purged one; the
-spending limits' charges purged with their records, and the usage of periods long over."""
+spending limits' charges purged with their records, their usage kept."""
 
 from __future__ import annotations
 
@@ -56,15 +56,15 @@ def test_purge_keeps_the_window_and_the_ledger_still_guards(env, spawn_worker) -
     assert worker.terminate() == 0
 
 
-def test_purge_takes_the_limits_charges_with_their_records_and_old_periods_usage(
+def test_purge_takes_the_limits_charges_with_their_records_and_keeps_the_usage(
         env) -> None:
     """Two purchases on a card with a daily and a monthly limit; the first's record set 100 h
     back, and a daily usage row of a period over ten days ago: the purge takes the first's
-    two charges with its record and that old usage, keeps the second's charges and today's
-    usage (which still counts both: a reversal after the window gives nothing back, the
-    limit only stricter). `verify` holds today's usage to at least its charges then, and
-    still finds a usage below its charges, or one of a period after the oldest record that
-    its charges do not make."""
+    two charges with its record, keeps the second's charges and every usage, today's still
+    counting both (a reversal after the window gives nothing back: the limit only stricter;
+    a message decided late may still count in the old period). `verify` holds today's usage
+    to at least its charges then, and still finds a usage below its charges, or one of a
+    period after the oldest record that its charges do not make."""
     account = f"ACC-{uuid.uuid4().hex[:8]}"
     card, day, month = f"CARD-{account}", f"LD-{account}", f"LM-{account}"
     asyncio.run(stack.seed_accounts(env.dsn, [(account, "1000.00", "EUR")]))
@@ -103,7 +103,8 @@ def test_purge_takes_the_limits_charges_with_their_records_and_old_periods_usage
     usage = {(r["limit_id"], r["old"]): (r["amount"], r["count"]) for r in stack.fetch(
         env.dsn, "SELECT limit_id, period_start = current_date - 10 AS old, amount, count "
                  "FROM limit_usage WHERE limit_id = ANY($1)", [day, month])}
-    assert usage == {(day, False): (Decimal("20.00"), 2), (month, False): (Decimal("20.00"), 2)}
+    assert usage == {(day, False): (Decimal("20.00"), 2), (month, False): (Decimal("20.00"), 2),
+                     (day, True): (Decimal("70"), 3)}
     verified = payauth(env, "verify")
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
