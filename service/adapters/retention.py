@@ -1,8 +1,8 @@
 """Retention of the PostgreSQL dedup store: delete records older than the window, in bounded
 batches, each its own short transaction (no long locks, no bloat spike), with the spending
-limits' charges kept under them. The ledger is never purged: its unique txn_id stays the last guard against a second debit. Run by ``payauth
-purge`` (``service/ops/purge.py``) and by the worker now and then
-(``PAYAUTH_PURGE_INTERVAL_SECONDS``)."""
+limits' charges kept under them. The ledger is never purged: its unique txn_id stays the
+last guard against a second debit. Run by ``payauth purge`` (``service/ops/purge.py``) and
+by the worker now and then (``PAYAUTH_PURGE_INTERVAL_SECONDS``)."""
 
 from __future__ import annotations
 
