@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Awaitable, Callable
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 
@@ -21,6 +22,8 @@ from service.domain.messages import Authorization, decode_authorization
 from service.ops import cards, limits
 from tests.support import stack
 from tests.support.factory import auth_message, authorization, encode
+
+T = TypeVar("T")
 
 
 class HeldOpenStore(PostgresStore):
@@ -62,6 +65,51 @@ def _decided_while_the_other_waits(env: stack.Env, held: Authorization,
             [a] = await first
             [b] = await second
             return a, b
+        finally:
+            await holding.close()
+            await other.close()
+
+    return asyncio.run(scenario())
+
+
+def _a_card(env: stack.Env, balance: str) -> tuple[str, str]:
+    """A new account with ``balance`` and a card of it: (account, card)."""
+    account = f"RACE-{uuid.uuid4().hex[:6]}"
+    card = f"CARD-{account}"
+    asyncio.run(stack.seed_accounts(env.dsn, [(account, balance, "EUR")]))
+    stack.fetch(env.dsn, "INSERT INTO cards (card_id, account_id) VALUES ($1, $2) RETURNING 1",
+                card, account)
+    return account, card
+
+
+def _on_card(txn: str, account: str, card: str, amount: str) -> Authorization:
+    """A purchase of ``account`` on ``card`` (its transaction id made unique by the account)."""
+    return decode_authorization(encode(auth_message(
+        f"{txn}-{account}", account_id=account, amount=amount, card_id=card)))
+
+
+def _command_while_a_batch_decides(env: stack.Env, held: Authorization,
+                                   command: Callable[[], Awaitable[T]],
+                                   after: list[Authorization]) -> tuple[Any, T, list[Any]]:
+    """``held`` decided by a batch that keeps its transaction open (its account locked);
+    then ``command``, which must wait for that lock (asserted); then the batch commits, the
+    command finishes, and ``after`` is decided in order by another store. The held batch's
+    row, what the command said, the rows of ``after``."""
+
+    async def scenario() -> tuple[Any, T, list[Any]]:
+        holding = await HeldOpenStore.connect(env.dsn)
+        other = await PostgresStore.connect(env.dsn)
+        try:
+            first = asyncio.create_task(holding.authorize(
+                [held], source_topic="t", source_partitions=[1], source_offsets=[0]))
+            await asyncio.wait_for(holding.decided.wait(), 10)
+            running = asyncio.create_task(command())
+            await stack.until_a_lock_is_awaited(env.dsn)  # the command waits for the batch
+            assert not running.done()
+            holding.release.set()
+            [a] = await first
+            said = await running
+            return a, said, await stack.authorize_in_order(other, after)
         finally:
             await holding.close()
             await other.close()
@@ -153,20 +201,12 @@ def test_two_purchases_of_one_card_only_one_fitting_its_limit_one_approved(
     limit room for one: 1. the first batch decides (counted to the limit), its account
     locked, not committed. 2. The second waits for the account, then reads the usage the
     first committed: declined LIMIT_EXCEEDED, never both approved."""
-    account = f"RACE-{uuid.uuid4().hex[:6]}"
-    card = f"CARD-{account}"
-    asyncio.run(stack.seed_accounts(env.dsn, [(account, "100.00", "EUR")]))
-    stack.fetch(env.dsn, "INSERT INTO cards (card_id, account_id) VALUES ($1, $2) RETURNING 1",
-                card, account)
+    account, card = _a_card(env, "100.00")
     stack.fetch(env.dsn, "INSERT INTO spending_limits (limit_id, scope, scope_id, period, "
                          "max_amount) VALUES ($1, 'CARD', $2, 'DAY', 50) RETURNING 1",
                 f"L-{account}", card)
-
-    def on_card(txn: str) -> Authorization:
-        return decode_authorization(encode(auth_message(
-            f"{txn}-{account}", account_id=account, amount="30.00", card_id=card)))
-
-    first, second = _decided_while_the_other_waits(env, on_card("P1"), on_card("P2"))
+    first, second = _decided_while_the_other_waits(
+        env, _on_card("P1", account, card, "30.00"), _on_card("P2", account, card, "30.00"))
     assert (first.result, second.result, second.decline_reason, second.limit_id) == \
         ("APPROVED", "DECLINED", "LIMIT_EXCEEDED", f"L-{account}")
     [usage] = stack.fetch(env.dsn, "SELECT amount, count FROM limit_usage WHERE limit_id = $1",
@@ -182,38 +222,11 @@ def test_a_card_frozen_while_a_batch_decides_for_its_account_waits_for_it(
     the freeze then commits, and the next purchase is declined CARD_BLOCKED: the change
     applies to what is decided after it, never to a batch under way (seen not waiting with
     the account's lock removed from the command)."""
-    account = f"RACE-{uuid.uuid4().hex[:6]}"
-    card = f"CARD-{account}"
-    asyncio.run(stack.seed_accounts(env.dsn, [(account, "100.00", "EUR")]))
-    stack.fetch(env.dsn, "INSERT INTO cards (card_id, account_id) VALUES ($1, $2) RETURNING 1",
-                card, account)
-
-    def on_card(txn: str) -> Authorization:
-        return decode_authorization(encode(auth_message(
-            f"{txn}-{account}", account_id=account, amount="10.00", card_id=card)))
-
-    async def scenario() -> tuple[Any, Any, str]:
-        holding = await HeldOpenStore.connect(env.dsn)
-        other = await PostgresStore.connect(env.dsn)
-        try:
-            first = asyncio.create_task(holding.authorize(
-                [on_card("P1")], source_topic="t", source_partitions=[1], source_offsets=[0]))
-            await asyncio.wait_for(holding.decided.wait(), 10)
-            freeze = asyncio.create_task(cards.change_status(env.dsn, card, "FROZEN",
-                                                             "lost", by="test"))
-            await stack.until_a_lock_is_awaited(env.dsn)  # the freeze waits for the batch
-            assert not freeze.done()
-            holding.release.set()
-            [a] = await first
-            said = await freeze
-            [b] = await other.authorize([on_card("P2")], source_topic="t",
-                                        source_partitions=[2], source_offsets=[0])
-            return a, b, said
-        finally:
-            await holding.close()
-            await other.close()
-
-    first, after, said = asyncio.run(scenario())
+    account, card = _a_card(env, "100.00")
+    first, said, [after] = _command_while_a_batch_decides(
+        env, _on_card("P1", account, card, "10.00"),
+        lambda: cards.change_status(env.dsn, card, "FROZEN", "lost", by="test"),
+        [_on_card("P2", account, card, "10.00")])
     assert "ACTIVE -> FROZEN" in said
     assert (first.result, after.result, after.decline_reason, after.card_status) == \
         ("APPROVED", "DECLINED", "CARD_BLOCKED", "FROZEN")
@@ -227,37 +240,11 @@ def test_a_limit_loaded_while_a_batch_decides_for_its_account_waits_for_it(
     lock. 3. The batch commits (nothing counted: no limit when it read them); the load
     commits; the next purchase of 60 counts from 0 and fits, a third is declined
     LIMIT_EXCEEDED (seen not waiting with the account's lock removed from the command)."""
-    account = f"RACE-{uuid.uuid4().hex[:6]}"
-    card = f"CARD-{account}"
-    asyncio.run(stack.seed_accounts(env.dsn, [(account, "1000.00", "EUR")]))
-    stack.fetch(env.dsn, "INSERT INTO cards (card_id, account_id) VALUES ($1, $2) RETURNING 1",
-                card, account)
+    account, card = _a_card(env, "1000.00")
     rows = limits.parse(f"LIM-{account},CARD,{card},DAY,100.00,\n")
-
-    def on_card(txn: str) -> Authorization:
-        return decode_authorization(encode(auth_message(
-            f"{txn}-{account}", account_id=account, amount="60.00", card_id=card)))
-
-    async def scenario() -> tuple[Any, list[Any], str]:
-        holding = await HeldOpenStore.connect(env.dsn)
-        other = await PostgresStore.connect(env.dsn)
-        try:
-            first = asyncio.create_task(holding.authorize(
-                [on_card("P1")], source_topic="t", source_partitions=[1], source_offsets=[0]))
-            await asyncio.wait_for(holding.decided.wait(), 10)
-            load = asyncio.create_task(limits.load(env.dsn, rows))
-            await stack.until_a_lock_is_awaited(env.dsn)  # the load waits for the batch
-            assert not load.done()
-            holding.release.set()
-            [a] = await first
-            said = await load
-            after = await stack.authorize_in_order(other, [on_card("P2"), on_card("P3")])
-            return a, after, said
-        finally:
-            await holding.close()
-            await other.close()
-
-    first, after, said = asyncio.run(scenario())
+    first, said, after = _command_while_a_batch_decides(
+        env, _on_card("P1", account, card, "60.00"), lambda: limits.load(env.dsn, rows),
+        [_on_card("P2", account, card, "60.00"), _on_card("P3", account, card, "60.00")])
     assert said.startswith("limits: 1 new")
     assert first.result == "APPROVED"
     assert [(r.result, r.decline_reason, r.limit_id) for r in after] == [
