@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The local replicated stack, no Docker: each service a real process on loopback.
+# The local replicated stack, no Docker: each service a real process, as root each node in a
+# network namespace of its own (ha_net.sh: addresses $HA_NET.x on a bridge; otherwise all on
+# the loopback).
 #   deploy/local/ha.sh up | down | status
 #
-#   Kafka       three combined KRaft nodes (localhost:19092-19094, controllers 19192-19194,
+#   Kafka       three combined KRaft nodes (ports 19092-19094, controllers 19192-19194,
 #               a second listener for proxied clients on 19292-19294 advertising the
 #               proxies' 19392-19394), replication factor 3, min.insync.replicas 2, unclean
 #               leader election off; heap $HA_KAFKA_HEAP (512m) each
@@ -16,6 +18,7 @@
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 STACK_FUNCTIONS_ONLY=1 source "$HERE/stack.sh"
+source "$HERE/ha_net.sh"
 
 HA_DIR=$STACK_DIR/ha
 HA_KAFKA_HEAP=${HA_KAFKA_HEAP:-512m}
@@ -38,7 +41,7 @@ if [ "$(id -u)" = 0 ]; then
 else
   PG_HA_DIR=${PG_HA_DIR:-$HA_DIR/postgres}
 fi
-MONITOR_URI="postgres://autoctl_node@localhost:$PG_MONITOR_PORT/pg_auto_failover?sslmode=disable"
+MONITOR_URI="postgres://autoctl_node@$(node_addr pgm):$PG_MONITOR_PORT/pg_auto_failover?sslmode=disable"
 
 step() { printf '[ha] %s\n' "$*"; }
 die() { printf '[ha] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -48,13 +51,17 @@ background() { # background LOG COMMAND...: outlives this script and a Ctrl-C
   local log=$1; shift
   setsid nohup "$@" >"$log" 2>&1 </dev/null &
 }
+# The command prefix that runs a program inside NODE's namespace (none on the loopback).
+node_exec() { if ha_netns; then echo "ip netns exec $HA_NS_PREFIX$1"; fi; }
 
 # -------------------------------------------------------------------- Kafka
 kafka_node_dir() { echo "$HA_DIR/kafka-$1"; }
 
 kafka_voters() {
   local voters="" i
-  for i in 0 1 2; do voters+="${voters:+,}$((i + 1))@localhost:${KAFKA_CONTROLLER_PORTS[$i]}"; done
+  for i in 0 1 2; do
+    voters+="${voters:+,}$((i + 1))@$(node_addr "k$((i + 1))"):${KAFKA_CONTROLLER_PORTS[$i]}"
+  done
   echo "$voters"
 }
 
@@ -71,11 +78,12 @@ kafka_cluster_id() { # one id for the three nodes, made once
 
 kafka_node_up() { # kafka_node_up NODE (1-3): start it unless it listens; no wait
   local node=$1 i=$(($1 - 1)) dir; dir=$(kafka_node_dir "$node")
-  if listening "${KAFKA_PORTS[$i]}"; then
+  if node_listening "k$node" "${KAFKA_PORTS[$i]}"; then
     step "kafka: node $node already listens on ${KAFKA_PORTS[$i]}"; return 0
   fi
   mkdir -p "$dir/logs"
   sed -e "s#@DATA_DIR@#$dir/data#" -e "s#@PORT@#${KAFKA_PORTS[$i]}#g" \
+      -e "s#@ADDRESS@#$(node_addr "k$node")#g" \
       -e "s#@CONTROLLER_PORT@#${KAFKA_CONTROLLER_PORTS[$i]}#g" -e "s#@NODE_ID@#$node#" \
       -e "s#@PROXIED_PORT@#${KAFKA_PROXIED_PORTS[$i]}#g" \
       -e "s#@PROXY_PORT@#${KAFKA_PROXY_PORTS[$i]}#g" \
@@ -84,8 +92,9 @@ kafka_node_up() { # kafka_node_up NODE (1-3): start it unless it listens; no wai
     kafka_tool kafka.tools.StorageTool format -t "$(kafka_cluster_id)" -c "$dir/server.properties" \
       >"$dir/format.log" 2>&1 || die "kafka: formatting node $node failed, see $dir/format.log"
   fi
-  step "kafka: starting node $node on localhost:${KAFKA_PORTS[$i]}"
-  background "$dir/logs/stdout.log" java -Xms"$HA_KAFKA_HEAP" -Xmx"$HA_KAFKA_HEAP" \
+  step "kafka: starting node $node on $(node_addr "k$node"):${KAFKA_PORTS[$i]}"
+  # shellcheck disable=SC2046  # the namespace's prefix: words
+  background "$dir/logs/stdout.log" $(node_exec "k$node") java -Xms"$HA_KAFKA_HEAP" -Xmx"$HA_KAFKA_HEAP" \
     -XX:+UseG1GC -Dlog4j2.configurationFile="$ROOT/deploy/local/kafka/log4j2.properties" \
     -Dkafka.logs.dir="$dir/logs" -cp "$KAFKA_LIBS/*" kafka.Kafka "$dir/server.properties"
   echo $! >"$dir/kafka.pid"
@@ -94,7 +103,7 @@ kafka_node_up() { # kafka_node_up NODE (1-3): start it unless it listens; no wai
 kafka_node_wait() { # kafka_node_wait NODE
   # 240 s: a node restarted on 2 cores shared with test suites (load average near 30) was
   # seen to take 123 s to open its port (its controller's replay alone took 20 s).
-  wait_for "kafka node $1" 240 listening "${KAFKA_PORTS[$(($1 - 1))]}" \
+  wait_for "kafka node $1" 240 node_listening "k$1" "${KAFKA_PORTS[$(($1 - 1))]}" \
     || die "kafka: node $1 did not open ${KAFKA_PORTS[$(($1 - 1))]}, see $(kafka_node_dir "$1")/logs/"
 }
 
@@ -126,18 +135,23 @@ pg_ha_up() {
     || apt_install "postgresql-$(basename "$(dirname "$(pg_bindir)")")-auto-failover" pg-auto-failover-cli
   mkdir -p "$PG_HA_DIR"
   [ "$(id -u)" = 0 ] && chown postgres:postgres "$PG_HA_DIR"
-  if ! listening "$PG_MONITOR_PORT"; then
+  if ! node_listening pgm "$PG_MONITOR_PORT"; then
     if [ ! -f "$PG_HA_DIR/monitor/PG_VERSION" ]; then
       pg_forget_keeper "$PG_HA_DIR/monitor"
       step "postgres: creating the pg_auto_failover monitor"
-      autoctl create monitor --pgdata "$PG_HA_DIR/monitor" --pgport "$PG_MONITOR_PORT" \
-        --hostname localhost --auth trust --no-ssl >"$HA_DIR/pg-monitor-create.log" 2>&1 \
+      # shellcheck disable=SC2046  # the namespace's prefix: words
+      $(node_exec pgm) "${PG_AS[@]}" env PATH="$(pg_bindir):$PATH" pg_autoctl create monitor \
+        --pgdata "$PG_HA_DIR/monitor" --pgport "$PG_MONITOR_PORT" \
+        --hostname "$(node_addr pgm)" --auth trust --no-ssl >"$HA_DIR/pg-monitor-create.log" 2>&1 \
         || die "postgres: monitor creation failed, see $HA_DIR/pg-monitor-create.log"
+      pg_trust_the_stack "$PG_HA_DIR/monitor"
     fi
-    step "postgres: starting the monitor on localhost:$PG_MONITOR_PORT"
-    background "$HA_DIR/pg-monitor.log" "${PG_AS[@]}" env PATH="$(pg_bindir):$PATH" \
-      pg_autoctl run --pgdata "$PG_HA_DIR/monitor"
-    wait_for monitor 60 listening "$PG_MONITOR_PORT" || die "postgres: monitor not up, see $HA_DIR/pg-monitor.log"
+    step "postgres: starting the monitor on $(node_addr pgm):$PG_MONITOR_PORT"
+    # shellcheck disable=SC2046
+    background "$HA_DIR/pg-monitor.log" $(node_exec pgm) "${PG_AS[@]}" \
+      env PATH="$(pg_bindir):$PATH" pg_autoctl run --pgdata "$PG_HA_DIR/monitor"
+    wait_for monitor 60 node_listening pgm "$PG_MONITOR_PORT" \
+      || die "postgres: monitor not up, see $HA_DIR/pg-monitor.log"
   fi
   # Listening is not accepting: a monitor restarted from its data answers "the database
   # system is starting up" until its recovery ends.
@@ -171,7 +185,7 @@ pg_ha_up() {
 PG_NUMBER_SYNC_STANDBYS=1
 
 pg_formation_sync_standbys() {
-  psql -X -h localhost -p "$PG_MONITOR_PORT" -U postgres -d pg_auto_failover -tAc \
+  psql -X -h "$(node_addr pgm)" -p "$PG_MONITOR_PORT" -U postgres -d pg_auto_failover -tAc \
     "SELECT number_sync_standbys FROM pgautofailover.formation WHERE formationid = 'default'"
 }
 
@@ -206,18 +220,18 @@ PG_MONITOR_SETTINGS=(
 PG_KEEPER_NETWORK_PARTITION_TIMEOUT=3
 
 pg_monitor_accepts() {
-  psql -X -q -h localhost -p "$PG_MONITOR_PORT" -U postgres -d pg_auto_failover \
+  psql -X -q -h "$(node_addr pgm)" -p "$PG_MONITOR_PORT" -U postgres -d pg_auto_failover \
     -c "SELECT 1" >/dev/null 2>&1
 }
 
 pg_monitor_settings() { # the GUCs above on the monitor (ALTER SYSTEM: they survive restarts)
   local setting
   for setting in "${PG_MONITOR_SETTINGS[@]}"; do
-    psql -X -q -h localhost -p "$PG_MONITOR_PORT" -U postgres -d pg_auto_failover \
+    psql -X -q -h "$(node_addr pgm)" -p "$PG_MONITOR_PORT" -U postgres -d pg_auto_failover \
       -c "ALTER SYSTEM SET ${setting%%=*} = '${setting#*=}'" >/dev/null \
       || die "postgres: could not set ${setting%%=*} on the monitor"
   done
-  psql -X -q -h localhost -p "$PG_MONITOR_PORT" -U postgres -d pg_auto_failover \
+  psql -X -q -h "$(node_addr pgm)" -p "$PG_MONITOR_PORT" -U postgres -d pg_auto_failover \
     -c "SELECT pg_reload_conf()" >/dev/null || die "postgres: the monitor did not reload"
 }
 
@@ -227,6 +241,17 @@ pg_keeper_settings() { # pg_keeper_settings NODE: the keeper's own timeout, then
     "$PG_KEEPER_NETWORK_PARTITION_TIMEOUT" >/dev/null \
     || die "postgres: could not set node $1's network_partition_timeout"
   autoctl reload --pgdata "$data" >/dev/null 2>&1 || true
+}
+
+pg_trust_the_stack() { # pg_trust_the_stack PGDATA: the stack's own network trusted, as the
+  # loopback is (--auth trust; pg_auto_failover trusts only its nodes' own addresses): the
+  # host's clients come from the bridge's address. A running server reloads it.
+  ha_netns || return 0
+  local hba=$1/pg_hba.conf line added=""
+  for line in "host all all $HA_NET.0/24 trust" "host replication all $HA_NET.0/24 trust"; do
+    grep -qxF "$line" "$hba" || { echo "$line" >>"$hba"; added=1; }
+  done
+  [ -z "$added" ] || "${PG_AS[@]}" "$(pg_bindir)/pg_ctl" reload -s -D "$1" >/dev/null 2>&1 || true
 }
 
 pg_forget_keeper() { # pg_forget_keeper PGDATA: a keeper's files left from a removed PGDATA
@@ -240,22 +265,26 @@ pg_forget_keeper() { # pg_forget_keeper PGDATA: a keeper's files left from a rem
 }
 
 pg_node_start() { # pg_node_start NODE (1-3): its keeper started, creating the node if new
-  local port=${PG_NODE_PORTS[$(($1 - 1))]} data="$PG_HA_DIR/node$1"
-  if listening "$port" || ! pg_keeper_gone "$data"; then
-    step "postgres: node $1 already started (localhost:$port)"; return 0
+  local port=${PG_NODE_PORTS[$(($1 - 1))]} data="$PG_HA_DIR/node$1" addr
+  addr=$(node_addr "pg$1")
+  if node_listening "pg$1" "$port" || ! pg_keeper_gone "$data"; then
+    step "postgres: node $1 already started ($addr:$port)"; return 0
   fi
-  step "postgres: starting node $1 on localhost:$port"
+  step "postgres: starting node $1 on $addr:$port"
   if [ -f "$data/PG_VERSION" ]; then
     # The timeout is set once the keeper runs (pg_node_up): `pg_autoctl config set` signals
     # the keeper named in its pid file, and a stale one left by a killed keeper may name
     # another process (seen: the command hung up on itself).
-    background "$HA_DIR/pg-node$1.log" "${PG_AS[@]}" env PATH="$(pg_bindir):$PATH" \
-      pg_autoctl run --pgdata "$data"
+    # shellcheck disable=SC2046  # the namespace's prefix: words
+    background "$HA_DIR/pg-node$1.log" $(node_exec "pg$1") "${PG_AS[@]}" \
+      env PATH="$(pg_bindir):$PATH" pg_autoctl run --pgdata "$data"
   else
     pg_forget_keeper "$data"
-    background "$HA_DIR/pg-node$1.log" "${PG_AS[@]}" env PATH="$(pg_bindir):$PATH" \
-      pg_autoctl create postgres --pgdata "$data" --pgport "$port" --hostname localhost \
-      --auth trust --no-ssl --monitor "$MONITOR_URI" --dbname "$PG_DB" --run
+    # shellcheck disable=SC2046
+    background "$HA_DIR/pg-node$1.log" $(node_exec "pg$1") "${PG_AS[@]}" \
+      env PATH="$(pg_bindir):$PATH" pg_autoctl create postgres --pgdata "$data" \
+      --pgport "$port" --hostname "$addr" --auth trust --no-ssl --monitor "$MONITOR_URI" \
+      --dbname "$PG_DB" --run
   fi
 }
 
@@ -265,6 +294,7 @@ pg_node_up() { # pg_node_up NODE (1-3): started (pg_node_start), then settled
   # comes back after a failover rejoins as a secondary (pg_rewind or a new base backup).
   wait_for "node $1" 180 pg_node_settled "$1" \
     || die "postgres: node $1 did not settle, see $HA_DIR/pg-node$1.log"
+  pg_trust_the_stack "$PG_HA_DIR/node$1"
   pg_keeper_settings "$1"  # once it runs (a node just created has its configuration only now)
 }
 
@@ -272,18 +302,19 @@ pg_node_settled() { # the node reports single/primary/secondary; nudges a slow b
   local state; state=$(autoctl show state --pgdata "$PG_HA_DIR/monitor" 2>/dev/null || true)
   # pg_basebackup waits for a spread checkpoint on the primary: ask for an immediate one
   # (of every node: after a failover the primary is any of them)
-  local port
-  for port in "${PG_NODE_PORTS[@]}"; do
-    PGCONNECT_TIMEOUT=2 psql -X -q -h localhost -p "$port" -U postgres -d postgres \
-      -c CHECKPOINT >/dev/null 2>&1 || true
+  local node
+  for node in 1 2 3; do
+    PGCONNECT_TIMEOUT=2 psql -X -q -h "$(node_addr "pg$node")" -p "${PG_NODE_PORTS[$((node - 1))]}" \
+      -U postgres -d postgres -c CHECKPOINT >/dev/null 2>&1 || true
   done
   echo "$state" | grep -E "^ *node_$1 " | grep -Eq "\| +(single|primary|secondary) +\| +(single|primary|secondary) *$"
 }
 
 pg_sync_names() {
-  local port
-  for port in "${PG_NODE_PORTS[@]}"; do
-    psql -X -h localhost -p "$port" -U postgres -d postgres -tAc \
+  local node
+  for node in 1 2 3; do
+    PGCONNECT_TIMEOUT=2 psql -X -h "$(node_addr "pg$node")" -p "${PG_NODE_PORTS[$((node - 1))]}" \
+      -U postgres -d postgres -tAc \
       "select current_setting('synchronous_standby_names') where not pg_is_in_recovery()" 2>/dev/null
   done | grep . || echo "no synchronous standby yet"
 }
@@ -309,18 +340,30 @@ pg_ha_down() {
 }
 
 # -------------------------------------------------------------------- Redis
+redis_node() { # redis_node PORT: the node (r1 r2) that listens on PORT
+  if [ "$1" = "$REDIS_MASTER_PORT" ]; then echo r1; else echo r2; fi
+}
+
 redis_node_up() { # redis_node_up PORT: start it unless it listens, as the replica of the
   # master the Sentinels name (a node back after a failover must not come back a master)
-  local port=$1 master_port=$REDIS_MASTER_PORT master
-  listening "$port" && return 0
-  if listening "${SENTINEL_PORTS[0]}"; then
-    master=$(redis-cli -p "${SENTINEL_PORTS[0]}" sentinel get-master-addr-by-name "$SENTINEL_MASTER" 2>/dev/null | sed -n 2p)
+  local port=$1 node master_port=$REDIS_MASTER_PORT master
+  node=$(redis_node "$port")
+  node_listening "$node" "$port" && return 0
+  if node_listening s1 "${SENTINEL_PORTS[0]}"; then
+    master=$(redis-cli -h "$(node_addr s1)" -p "${SENTINEL_PORTS[0]}" \
+               sentinel get-master-addr-by-name "$SENTINEL_MASTER" 2>/dev/null | sed -n 2p)
     [ -n "$master" ] && master_port=$master
   fi
   local extra=()
-  [ "$port" != "$master_port" ] && extra=(--replicaof 127.0.0.1 "$master_port")
-  step "redis: starting $([ ${#extra[@]} = 0 ] && echo master || echo "replica of $master_port") on localhost:$port"
-  redis-server --bind 127.0.0.1 --port "$port" --daemonize yes --dir "$HA_DIR/redis" \
+  [ "$port" != "$master_port" ] \
+    && extra=(--replicaof "$(node_addr "$(redis_node "$master_port")")" "$master_port")
+  step "redis: starting $([ ${#extra[@]} = 0 ] && echo master || echo "replica of $master_port") on $(node_addr "$node"):$port"
+  # shellcheck disable=SC2046  # the namespace's prefix: words
+  # (protected mode off: it refuses every client not on the loopback when no password is
+  # set, and the nodes, the Sentinels and the workers reach each other over the stack's own
+  # network; the secured stack's Redis has passwords)
+  $(node_exec "$node") redis-server --bind "$(node_addr "$node")" --port "$port" \
+    --protected-mode no --daemonize yes --dir "$HA_DIR/redis" \
     --pidfile "$HA_DIR/redis/redis-$port.pid" --logfile "$HA_DIR/redis/redis-$port.log" \
     --save '' --appendonly no "${extra[@]}" >/dev/null || die "redis: $port failed to start"
 }
@@ -330,20 +373,32 @@ redis_ha_up() {
   mkdir -p "$HA_DIR/redis"
   local port
   for port in "$REDIS_MASTER_PORT" "$REDIS_REPLICA_PORT"; do redis_node_up "$port"; done
-  for port in "${SENTINEL_PORTS[@]}"; do
-    listening "$port" && continue
-    step "redis: starting Sentinel on localhost:$port"
-    printf '%s\n' "port $port" "bind 127.0.0.1" "daemonize yes" "dir $HA_DIR/redis" \
+  local i node
+  for i in 0 1 2; do
+    port=${SENTINEL_PORTS[$i]} node=s$((i + 1))
+    node_listening "$node" "$port" && continue
+    step "redis: starting Sentinel on $(node_addr "$node"):$port"
+    printf '%s\n' "port $port" "bind $(node_addr "$node")" "protected-mode no" "daemonize yes" \
+      "dir $HA_DIR/redis" \
       "pidfile $HA_DIR/redis/sentinel-$port.pid" "logfile $HA_DIR/redis/sentinel-$port.log" \
-      "sentinel monitor $SENTINEL_MASTER 127.0.0.1 $REDIS_MASTER_PORT 2" \
+      "sentinel monitor $SENTINEL_MASTER $(node_addr r1) $REDIS_MASTER_PORT 2" \
       "sentinel down-after-milliseconds $SENTINEL_MASTER 2000" \
       "sentinel failover-timeout $SENTINEL_MASTER 10000" >"$HA_DIR/redis/sentinel-$port.conf"
-    redis-server "$HA_DIR/redis/sentinel-$port.conf" --sentinel >/dev/null \
+    # shellcheck disable=SC2046
+    $(node_exec "$node") redis-server "$HA_DIR/redis/sentinel-$port.conf" --sentinel >/dev/null \
       || die "redis: Sentinel $port failed to start"
   done
-  wait_for sentinels 30 redis-cli -p "${SENTINEL_PORTS[0]}" sentinel get-master-addr-by-name "$SENTINEL_MASTER" \
-    || die "redis: Sentinels do not answer"
+  wait_for sentinels 30 redis_sentinels_agree \
+    || die "redis: the Sentinels do not see a master, its replica and each other, see $HA_DIR/redis/"
   step "redis: master, replica and three Sentinels ready"
+}
+
+redis_sentinels_agree() { # the first Sentinel sees the master up, a replica, two Sentinels
+  local fields
+  fields=$(redis-cli -h "$(node_addr s1)" -p "${SENTINEL_PORTS[0]}" sentinel master "$SENTINEL_MASTER" \
+             2>/dev/null | paste - - | tr '\t' =) || return 1
+  grep -qx "flags=master" <<<"$fields" && grep -qx "num-slaves=1" <<<"$fields" \
+    && grep -qx "num-other-sentinels=2" <<<"$fields"
 }
 
 redis_ha_down() {
@@ -358,20 +413,46 @@ redis_ha_down() {
 
 # ------------------------------------------------------------------- worker
 ha_env() {
-  local brokers sentinels hosts
-  hosts=$(printf 'localhost:%s,' "${PG_NODE_PORTS[@]}"); hosts=${hosts%,}
-  brokers=$(printf 'localhost:%s,' "${KAFKA_PORTS[@]}"); brokers=${brokers%,}
-  sentinels=$(printf '127.0.0.1:%s,' "${SENTINEL_PORTS[@]}"); sentinels=${sentinels%,}
+  local brokers="" sentinels="" hosts="" i sslmode=""
+  # The nodes in namespaces are not on the loopback: plaintext there is said, not implied
+  # (TLS is the secured stack's subject, deploy/local/secure.sh); the URL is quoted for the
+  # shell that sources this file (an & in it)
+  ha_netns && sslmode="&sslmode=disable"
+  for i in 0 1 2; do
+    hosts+="${hosts:+,}$(node_addr "pg$((i + 1))"):${PG_NODE_PORTS[$i]}"
+    brokers+="${brokers:+,}$(node_addr "k$((i + 1))"):${KAFKA_PORTS[$i]}"
+    sentinels+="${sentinels:+,}$(node_addr "s$((i + 1))"):${SENTINEL_PORTS[$i]}"
+  done
   cat <<ENV
 PAYAUTH_KAFKA_BOOTSTRAP_SERVERS=$brokers
-PAYAUTH_DATABASE_URL=postgresql://postgres@$hosts/$PG_DB?target_session_attrs=read-write
+PAYAUTH_DATABASE_URL='postgresql://postgres@$hosts/$PG_DB?target_session_attrs=read-write$sslmode'
 PAYAUTH_REDIS_SENTINELS=$sentinels
 PAYAUTH_REDIS_SENTINEL_MASTER=$SENTINEL_MASTER
 ENV
 }
 
+ha_layout_check() { # data made for another network (a node's address is in it) is made anew
+  local file=$HA_DIR/layout want had
+  want=$(ha_layout); had=$(cat "$file" 2>/dev/null || echo loopback)
+  if [ "$had" != "$want" ] \
+     && { [ -e "$PG_HA_DIR/monitor" ] || compgen -G "$HA_DIR/kafka-[123]" >/dev/null; }; then
+    step "the nodes' data was made for another network ($had): made anew for $want"
+    kafka_ha_down; redis_ha_down; pg_ha_down
+    rm -rf "$HA_DIR"/kafka-[123] "$HA_DIR/kafka-cluster-id"
+    local n
+    for n in monitor node1 node2 node3; do
+      pg_forget_keeper "$PG_HA_DIR/$n"; rm -rf "${PG_HA_DIR:?}/$n"
+    done
+    rm -rf "${PG_HA_DIR:?}/backup"
+  fi
+  echo "$want" >"$file"
+}
+
 ha_up() {
   mkdir -p "$HA_DIR"
+  ha_layout_check
+  net_up
+  net_nodes_file >"$HA_DIR/nodes"
   pg_ha_up
   redis_ha_up
   kafka_ha_up
@@ -391,11 +472,11 @@ ha_status() {
   echo "PostgreSQL (pg_auto_failover):"
   autoctl show state --pgdata "$PG_HA_DIR/monitor" 2>/dev/null | sed 's/^/  /' || echo "  monitor down"
   echo "Redis master (Sentinel $SENTINEL_MASTER):"
-  redis-cli -p "${SENTINEL_PORTS[0]}" sentinel get-master-addr-by-name "$SENTINEL_MASTER" 2>/dev/null \
+  redis-cli -h "$(node_addr s1)" -p "${SENTINEL_PORTS[0]}" sentinel get-master-addr-by-name "$SENTINEL_MASTER" 2>/dev/null \
     | paste -sd: | sed 's/^/  /' || echo "  Sentinels down"
   echo "Kafka partition leaders:"
-  local py=${PYTHON:-$ROOT/.venv/bin/python} port any=""
-  for port in "${KAFKA_PORTS[@]}"; do listening "$port" && any=1; done
+  local py=${PYTHON:-$ROOT/.venv/bin/python} i any=""
+  for i in 0 1 2; do node_listening "k$((i + 1))" "${KAFKA_PORTS[$i]}" && any=1; done
   [ -n "$any" ] || { echo "  brokers down"; return 0; }
   (set -a; [ -f "$STACK_DIR/ha.env" ] && . "$STACK_DIR/ha.env"; set +a
    "$py" - <<'PY' || echo "  brokers down"
@@ -417,7 +498,7 @@ PY
 mkdir -p "$HA_DIR"
 case "${1:-}" in
   up) ha_up ;;
-  down) kafka_ha_down; redis_ha_down; pg_ha_down; step "ha stack is down" ;;
+  down) kafka_ha_down; redis_ha_down; pg_ha_down; net_down; step "ha stack is down" ;;
   status) ha_status ;;
   # One node (re)started, for the HA chaos run after it killed that node:
   kafka-node-up) kafka_fetch; kafka_node_up "$2"; kafka_node_wait "$2" ;;

@@ -30,12 +30,22 @@ def test_the_chaos_run_knows_the_ports_ha_sh_uses() -> None:
     assert _array("KAFKA_PORTS") == ha_stack.KAFKA_PORTS
     assert _array("KAFKA_PROXIED_PORTS") == ha_stack.KAFKA_PROXIED_PORTS
     assert _array("KAFKA_PROXY_PORTS") == ha_stack.KAFKA_PROXY_PORTS
+    assert _array("KAFKA_CONTROLLER_PORTS") == ha_stack.KAFKA_CONTROLLER_PORTS
     assert _array("PG_NODE_PORTS") == ha_stack.PG_NODE_PORTS
     assert _array("SENTINEL_PORTS") == ha_stack.SENTINEL_PORTS
     assert int(_scalar("PG_MONITOR_PORT")) == ha_stack.PG_MONITOR_PORT
     assert (int(_scalar("REDIS_MASTER_PORT")), int(_scalar("REDIS_REPLICA_PORT"))) \
         == ha_stack.REDIS_PORTS
     assert _scalar("SENTINEL_MASTER") == ha_stack.SENTINEL_MASTER
+
+
+def test_the_chaos_run_names_the_nodes_ha_net_sh_makes() -> None:
+    """Each port's node (ha_stack.NODE_OF_PORT) is one ha_net.sh puts in a namespace, and
+    every node it makes is known to the chaos run."""
+    net = (ROOT / "deploy/local/ha_net.sh").read_text()
+    found = re.search(r"^HA_NODES=\(([a-z0-9 ]+)\)$", net, re.M)
+    assert found
+    assert set(found.group(1).split()) == set(ha_stack.NODE_OF_PORT.values())
 
 
 def test_kafka_nodes_keep_acknowledged_writes() -> None:
@@ -47,7 +57,7 @@ def test_kafka_nodes_keep_acknowledged_writes() -> None:
     assert settings["offsets.topic.replication.factor"] == "3"
     assert settings["auto.create.topics.enable"] == "false"
     # the proxied listener advertises the proxy's port, not its own
-    assert "PROXIED://localhost:@PROXIED_PORT@" in settings["listeners"]
+    assert "PROXIED://@ADDRESS@:@PROXIED_PORT@" in settings["listeners"]
     assert "PROXIED://127.0.0.1:@PROXY_PORT@" in settings["advertised.listeners"]
 
 

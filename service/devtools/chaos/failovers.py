@@ -22,12 +22,15 @@ from dataclasses import dataclass
 # The fault kinds that may move each engine's leadership (ha.py's infra faults).
 CAUSES: dict[str, frozenset[str]] = {
     "postgres primary": frozenset({"postgres_primary_killed", "postgres_switchover",
-                                   "postgres_primary_killed_async"}),
-    "redis master": frozenset({"redis_master_killed"}),
+                                   "postgres_primary_killed_async",
+                                   "postgres_primary_partitioned", "postgres_primary_one_way"}),
+    "redis master": frozenset({"redis_master_killed", "redis_master_partitioned"}),
     "kafka controller": frozenset({"kafka_leader_killed", "kafka_broker_paused",
-                                   "kafka_not_enough_replicas"}),
+                                   "kafka_not_enough_replicas", "kafka_broker_partitioned",
+                                   "kafka_broker_lossy"}),
     "kafka leaders": frozenset({"kafka_leader_killed", "kafka_broker_paused",
-                                "kafka_not_enough_replicas"}),
+                                "kafka_not_enough_replicas", "kafka_broker_partitioned",
+                                "kafka_broker_lossy"}),
 }
 # How long after a fault of its kind a change is still that fault's recovery, per engine:
 # Kafka's preferred-leader check runs every 30 s (ha-server.properties) after a node's return.

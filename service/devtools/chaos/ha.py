@@ -47,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shlex
 import signal
 import time
 from collections import Counter
@@ -57,7 +58,7 @@ from pydantic import SecretStr
 
 from service.config import Settings, load_settings
 from service.devtools import scratch
-from service.devtools.chaos import failovers
+from service.devtools.chaos import failovers, netsplit
 from service.devtools.chaos import ha_stack as ha
 from service.devtools.chaos.gaps import Gap
 from service.devtools.chaos.generator import seed_accounts
@@ -67,6 +68,11 @@ from service.devtools.processes import ROOT
 
 HA_ENV = ROOT / ".stack/ha.env"
 GROUP_SESSION_MS = 20_000  # the workers' group session in this run; see setup()
+# The faults that split a cluster (HaChaos.partitions), run where the nodes are in
+# namespaces of their own; and the share of packets the lossy link drops.
+PARTITION_KINDS = ("postgres_primary_partitioned", "postgres_primary_one_way",
+                   "kafka_broker_partitioned", "kafka_broker_lossy", "redis_master_partitioned")
+LOSSY_PERCENT = 30
 
 
 class HaChaos(Chaos):
@@ -87,7 +93,8 @@ class HaChaos(Chaos):
                                           self.topics["out"]: PARTITIONS,
                                           self.topics["dlq"]: 3}, replication_factor=3)
         ha.kafka_wait_in_sync(self.replicated_topics())
-        self.broker_proxies = [TcpProxy(inner, listen_port=outer) for inner, outer
+        self.broker_proxies = [TcpProxy(inner, ha.host(inner), listen_port=outer)
+                               for inner, outer
                                in zip(ha.KAFKA_PROXIED_PORTS, ha.KAFKA_PROXY_PORTS,
                                       strict=True)]
         self.accounts = asyncio.run(seed_accounts(self.dsn, self.run))
@@ -154,7 +161,81 @@ class HaChaos(Chaos):
             "kafka_not_enough_replicas": self.kafka_not_enough_replicas,
             "redis_master_killed": self.redis_master_killed,
             "kafka_broker_cut": self.kafka_broker_cut,
+            **(self.partitions() if ha.namespaced() else {}),
         })
+
+    def partitions(self) -> dict[str, Callable[[], None]]:
+        """The faults that split a cluster (each node in a namespace of its own: as root)."""
+        faults: dict[str, Callable[[], None]] = {
+            "postgres_primary_partitioned": lambda: self.postgres_primary_partitioned("both"),
+            "postgres_primary_one_way": lambda: self.postgres_primary_partitioned("out"),
+            "kafka_broker_partitioned": lambda: self.kafka_broker_partitioned(100),
+            "kafka_broker_lossy": lambda: self.kafka_broker_partitioned(LOSSY_PERCENT),
+            "redis_master_partitioned": self.redis_master_partitioned,
+        }
+        assert tuple(faults) == PARTITION_KINDS
+        return faults
+
+    def postgres_primary_partitioned(self, direction: netsplit.Direction) -> None:
+        """The primary cut from the monitor and both standbys (``out``: only what it sends
+        them is lost), while the workers still reach it: its commits cannot reach a
+        standby, so none may be acknowledged; its keeper stops it once it has heard from
+        neither the monitor nor a standby for network_partition_timeout, and the monitor
+        promotes a standby. Healed once a standby took over and has taken writes a while;
+        the old primary then rejoins as a secondary (pg_rewind)."""
+        kind = "postgres_primary_partitioned" if direction == "both" else "postgres_primary_one_way"
+        primary = ha.pg_primary()
+        split = ha.split(f"pg{primary}", ["pgm", *(f"pg{n}" for n in (1, 2, 3) if n != primary)],
+                         direction)
+        netsplit.cut(split)
+        try:
+            self.landed(kind)
+            ha.pg_wait_failover(primary)
+            log(f"postgres: node {primary} cut off ({direction}); node {ha.pg_primary()} "
+                "promoted")
+            time.sleep(self.rng.uniform(3, 8))
+        finally:
+            netsplit.heal(split.namespace)
+        ha.pg_wait_healthy()
+
+    def kafka_broker_partitioned(self, loss_percent: int) -> None:
+        """A node cut from the two others (the controller quorum and replication), not from
+        the clients: the quorum fences it after the broker session and moves its
+        leaderships; a producer with acks=all cannot have a write acknowledged by it alone
+        (min.insync.replicas 2). ``loss_percent`` below 100: a lossy link instead, a share
+        of those packets lost."""
+        kind = "kafka_broker_partitioned" if loss_percent == 100 else "kafka_broker_lossy"
+        topics = self.replicated_topics()
+        ha.kafka_balance(topics)
+        node = self.rng.randint(1, 3)
+        split = ha.split(f"k{node}", [f"k{n}" for n in (1, 2, 3) if n != node],
+                         loss_percent=loss_percent)
+        netsplit.cut(split)
+        try:
+            self.landed(kind)
+            time.sleep(self.rng.uniform(8, 15))
+        finally:
+            netsplit.heal(split.namespace)
+        ha.kafka_wait_in_sync(topics)
+        ha.kafka_balance(topics)
+
+    def redis_master_partitioned(self) -> None:
+        """The Redis master cut from the three Sentinels, not from the workers or its
+        replica: the Sentinels promote the replica, and for a while two masters take
+        writes (Redis is the fast path only: a worker that reads a stale or missing
+        entry there asks PostgreSQL). Healed, the old master is made a replica by the
+        Sentinels."""
+        master = ha.redis_master()
+        node = ha.NODE_OF_PORT[master]
+        split = ha.split(node, ["s1", "s2", "s3"])
+        netsplit.cut(split)
+        try:
+            self.landed("redis_master_partitioned")
+            ha.redis_wait_failover(master)
+            time.sleep(self.rng.uniform(3, 8))
+        finally:
+            netsplit.heal(split.namespace)
+        ha.redis_wait_replica(master)
 
     def postgres_primary_killed(self) -> None:
         primary = ha.pg_primary()
@@ -280,6 +361,9 @@ class HaChaos(Chaos):
     def heal_services(self) -> None:
         for proxy in self.broker_proxies:
             proxy.restore()
+        if ha.namespaced():
+            for _, namespace in ha.nodes().values():
+                netsplit.heal(str(namespace))
 
     def close_services(self) -> None:
         for proxy in self.broker_proxies:
@@ -312,12 +396,12 @@ def each_gap(starts: list[tuple[str, float]], gaps: dict[str, list[Gap]],
 
 
 def read_ha_env(path: Path = HA_ENV) -> dict[str, str]:
-    """The ``PAYAUTH_*`` lines ``make ha-up`` wrote."""
+    """The ``PAYAUTH_*`` lines ``make ha-up`` wrote (a value quoted as a shell reads it)."""
     if not path.exists():
         raise SystemExit("ha-chaos: no .stack/ha.env: start the replicated stack with make ha-up")
     pairs = (line.split("=", 1) for line in path.read_text().splitlines()
              if "=" in line and not line.startswith("#"))
-    return {key.strip(): value.strip() for key, value in pairs}
+    return {key.strip(): "".join(shlex.split(value)) for key, value in pairs}
 
 
 def main() -> int:

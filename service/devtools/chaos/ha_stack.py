@@ -3,7 +3,9 @@ run: which node leads, how to kill or pause one the way a crash or a frozen host
 how to bring it back. Starting a node is ha.sh's job (one place for its command line); this
 module finds processes, signals them and waits for the engines to agree again.
 
-The ports are ha.sh's (a deploy test holds the two to the same values).
+The ports are ha.sh's (a deploy test holds the two to the same values); each node keeps
+its own port, so a port names a node. Where a node is reached (its address; as root, in a
+network namespace of its own) is what ha.sh wrote to .stack/ha/nodes when it started.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import subprocess
 import time
 from collections import Counter
 from collections.abc import Callable
+from functools import cache
 from pathlib import Path
 
 import asyncpg
@@ -30,6 +33,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # re-exported
     ResourceType,
 )
 
+from service.devtools.chaos import netsplit
 from service.devtools.processes import ROOT, port_open
 
 HA_SH = ROOT / "deploy/local/ha.sh"
@@ -42,6 +46,53 @@ PG_NODE_PORTS = (15433, 15434, 15435)
 REDIS_PORTS = (16379, 16380)
 SENTINEL_PORTS = (26379, 26380, 26381)
 SENTINEL_MASTER = "payauth"
+KAFKA_CONTROLLER_PORTS = (19192, 19193, 19194)
+
+# The node (ha_net.sh's name) that listens on each port.
+NODE_OF_PORT: dict[int, str] = {
+    PG_MONITOR_PORT: "pgm",
+    **{port: f"pg{i}" for i, port in enumerate(PG_NODE_PORTS, 1)},
+    **{port: f"k{i}" for ports in (KAFKA_PORTS, KAFKA_CONTROLLER_PORTS, KAFKA_PROXIED_PORTS)
+       for i, port in enumerate(ports, 1)},
+    **{port: f"r{i}" for i, port in enumerate(REDIS_PORTS, 1)},
+    **{port: f"s{i}" for i, port in enumerate(SENTINEL_PORTS, 1)},
+}
+
+
+@cache
+def nodes() -> dict[str, tuple[str, str | None]]:
+    """Each node's address and network namespace (None: on the loopback), as ha.sh wrote
+    them when the stack started; all on the loopback when it wrote none."""
+    path = HA_DIR / "nodes"
+    if not path.exists():
+        return {node: ("127.0.0.1", None) for node in set(NODE_OF_PORT.values())}
+    found = {}
+    for line in path.read_text().splitlines():
+        name, address, namespace = line.split()
+        found[name] = (address, None if namespace == "-" else namespace)
+    return found
+
+
+def host(port: int) -> str:
+    """The address of the node that listens on ``port``."""
+    return nodes()[NODE_OF_PORT[port]][0]
+
+
+def split(node: str, peers: list[str], direction: netsplit.Direction = "both",
+          loss_percent: int = 100) -> netsplit.Split:
+    """``node`` (ha_net.sh's name: pg1, k2, r1, ...) cut from ``peers`` (names too); see
+    netsplit.py. Only in the namespaces ha.sh made: on the loopback, no partition exists."""
+    namespace = nodes()[node][1]
+    if namespace is None:
+        raise RuntimeError("the replicated stack runs on the loopback: a partition needs "
+                           "each node in a namespace of its own (make ha-up as root)")
+    return netsplit.Split(namespace, tuple(nodes()[peer][0] for peer in peers), direction,
+                          loss_percent)
+
+
+def namespaced() -> bool:
+    """Whether the nodes run in namespaces of their own (partitions can be made)."""
+    return all(namespace is not None for _, namespace in nodes().values())
 
 
 def pg_ha_dir() -> Path:
@@ -80,7 +131,7 @@ def _pidfile(path: Path) -> int:
 def pg_query(port: int, sql: str, database: str = "postgres") -> object:
     """One value from the server on ``port`` (2 s to connect, 2 s to answer)."""
     async def run() -> object:
-        conn = await asyncpg.connect(host="localhost", port=port, user="postgres",
+        conn = await asyncpg.connect(host=host(port), port=port, user="postgres",
                                      database=database, timeout=2)
         try:
             return await conn.fetchval(sql, timeout=2)
@@ -149,7 +200,11 @@ def pg_restart(node: int) -> None:
     """The node back (pg_rewind or a new base backup: pg_auto_failover decides), then until
     replication is synchronous again."""
     _ha_sh("pg-node-up", str(node))
-    _wait("PostgreSQL synchronous replication", pg_healthy, 180)
+    pg_wait_healthy()
+
+
+def pg_wait_healthy(timeout: float = 180) -> None:
+    _wait("PostgreSQL synchronous replication", pg_healthy, timeout)
 
 
 def pg_switchover() -> None:
@@ -185,7 +240,7 @@ def walsender_pids(node: int) -> list[int]:
 
 # ----------------------------------------------------------------------- Kafka
 def _admin() -> AdminClient:
-    return AdminClient({"bootstrap.servers": ",".join(f"localhost:{p}" for p in KAFKA_PORTS),
+    return AdminClient({"bootstrap.servers": ",".join(f"{host(p)}:{p}" for p in KAFKA_PORTS),
                         "log_level": 0})
 
 
@@ -307,7 +362,7 @@ def kafka_restart(node: int, topics: list[str]) -> None:
     dying JVM can still hold it for a moment after the kill."""
     port, deadline = KAFKA_PORTS[node - 1], time.monotonic() + 10
     # still open after 10 s: a node that was never killed, which ha.sh leaves running
-    while port_open("127.0.0.1", port) and time.monotonic() < deadline:
+    while port_open(host(port), port) and time.monotonic() < deadline:
         time.sleep(0.1)
     _ha_sh("kafka-node-up", str(node))
     kafka_wait_in_sync(topics)
@@ -339,7 +394,7 @@ def set_min_insync_replicas(topic: str, count: int) -> None:
 
 # ----------------------------------------------------------------------- Redis
 def _sentinel(port: int) -> redis.Redis:
-    return redis.Redis(port=port, socket_timeout=2, decode_responses=True)
+    return redis.Redis(host=host(port), port=port, socket_timeout=2, decode_responses=True)
 
 
 def redis_master() -> int:
@@ -365,9 +420,14 @@ def redis_wait_failover(dead: int, timeout: float = 60) -> None:
 def redis_restart(port: int) -> None:
     """Back as the replica of the master the Sentinels promoted."""
     _ha_sh("redis-node-up", str(port))
+    redis_wait_replica(port)
 
+
+def redis_wait_replica(port: int) -> None:
+    """Until the node on ``port`` replicates the master (the Sentinels reconfigure a master
+    they failed over from once they reach it again)."""
     def replicating() -> bool:
-        client = redis.Redis(port=port, socket_timeout=2)
+        client = redis.Redis(host=host(port), port=port, socket_timeout=2)
         info: dict[str, object] = client.info("replication")  # type: ignore[assignment]
         return info.get("role") == "slave" and info.get("master_link_status") == "up"
     _wait("Redis replica linked", replicating, 60)

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
+from service.devtools.chaos import failovers
 from service.devtools.chaos.failovers import (
     Failover,
     attribute,
@@ -15,6 +16,7 @@ from service.devtools.chaos.failovers import (
     longest_blind_spell,
     render,
 )
+from service.devtools.chaos.ha import PARTITION_KINDS
 from service.devtools.chaos.ha_stack import KafkaLeaderProbe
 
 SETTLE = {"postgres primary": 5.0, "kafka leaders": 10.0, "redis master": 5.0,
@@ -113,3 +115,14 @@ def test_the_leader_probe_asks_with_a_new_client_after_a_failed_ask() -> None:
         probe()
     assert probe() == (2, 3)
     assert probe.clients_replaced == 1
+
+
+def test_every_partition_kind_explains_the_failovers_it_causes() -> None:
+    """A partition moves the leadership of the engine it cuts: the watcher must attribute
+    it, not report it as a failover nobody injected."""
+    engine_of = {"postgres": "postgres primary", "redis": "redis master",
+                 "kafka": "kafka leaders"}
+    for kind in PARTITION_KINDS:
+        assert kind in failovers.CAUSES[engine_of[kind.split("_", 1)[0]]], kind
+    for kind in (k for k in PARTITION_KINDS if k.startswith("kafka_")):
+        assert kind in failovers.CAUSES["kafka controller"], kind
