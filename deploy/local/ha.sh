@@ -218,6 +218,12 @@ PG_MONITOR_SETTINGS=(
   "pgautofailover.primary_demote_timeout=30000"
 )
 PG_KEEPER_NETWORK_PARTITION_TIMEOUT=3
+# A primary cut off one way (what it sends is lost, what it receives arrives) still has its
+# standbys' replies, so its WAL senders stay connected and its keeper does not count itself
+# partitioned until a sender gives up: wal_sender_timeout (60 s) never fires, the replies
+# arriving. tcp_user_timeout ends a connection whose sent data stays unacknowledged for 5 s,
+# and the keeper's own timeout follows (docs/high-availability.md, "Partitions").
+PG_NODE_SETTINGS=("tcp_user_timeout=5000")
 
 pg_monitor_accepts() {
   psql -X -q -h "$(node_addr pgm)" -p "$PG_MONITOR_PORT" -U postgres -d pg_auto_failover \
@@ -235,11 +241,17 @@ pg_monitor_settings() { # the GUCs above on the monitor (ALTER SYSTEM: they surv
     -c "SELECT pg_reload_conf()" >/dev/null || die "postgres: the monitor did not reload"
 }
 
-pg_keeper_settings() { # pg_keeper_settings NODE: the keeper's own timeout, then a reload
-  local data="$PG_HA_DIR/node$1"
+pg_keeper_settings() { # pg_keeper_settings NODE: the keeper's own timeout, the server's
+  # settings above (ALTER SYSTEM: they survive restarts and rewinds), then a reload
+  local data="$PG_HA_DIR/node$1" setting
   autoctl config set --pgdata "$data" timeout.network_partition_timeout \
     "$PG_KEEPER_NETWORK_PARTITION_TIMEOUT" >/dev/null \
     || die "postgres: could not set node $1's network_partition_timeout"
+  for setting in "${PG_NODE_SETTINGS[@]}"; do
+    psql -X -q -h "$(node_addr "pg$1")" -p "${PG_NODE_PORTS[$(($1 - 1))]}" -U postgres -d postgres \
+      -c "ALTER SYSTEM SET ${setting%%=*} = '${setting#*=}'" -c "SELECT pg_reload_conf()" \
+      >/dev/null || die "postgres: could not set ${setting%%=*} on node $1"
+  done
   autoctl reload --pgdata "$data" >/dev/null 2>&1 || true
 }
 

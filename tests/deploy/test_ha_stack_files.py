@@ -92,6 +92,22 @@ def test_pg_auto_failover_promotes_only_after_a_partitioned_primary_stopped_itse
     assert checks <= 7_000
 
 
+def test_a_primary_cut_off_one_way_drops_its_standbys_within_seconds() -> None:
+    """Cut off one way, a primary still receives its standbys' replies: its WAL senders stay
+    connected (wal_sender_timeout never fires) and its keeper never counts itself
+    partitioned. tcp_user_timeout ends a connection whose data stays unacknowledged, so
+    the keeper's network_partition_timeout follows within seconds; it must stay well under
+    the monitor's primary_demote_timeout, after which a standby is promoted."""
+    settings = dict(re.findall(r'"(\w+)=(\d+)"', HA_SH.split("PG_NODE_SETTINGS=(", 1)[1]
+                               .split(")", 1)[0]))
+    monitor = dict(re.findall(r'"pgautofailover\.(\w+)=(\d+)"', HA_SH))
+    partition_ms = int(_scalar("PG_KEEPER_NETWORK_PARTITION_TIMEOUT")) * 1000
+    assert 0 < int(settings["tcp_user_timeout"]) <= 10_000
+    assert 3 * (int(settings["tcp_user_timeout"]) + partition_ms) \
+        <= int(monitor["primary_demote_timeout"])
+    assert "ALTER SYSTEM SET ${setting%%=*}" in HA_SH  # each node gets them
+
+
 def test_postgres_keeps_every_acknowledged_commit_on_two_nodes() -> None:
     """Three data nodes, a commit acknowledged once one of the two standbys has it: with a
     single standby pg_auto_failover 2.0 takes writes on the primary alone in a switchover
