@@ -26,7 +26,8 @@ KAFKA_PORTS=(19092 19093 19094)
 KAFKA_CONTROLLER_PORTS=(19192 19193 19194)
 # A second listener per node for clients that go through a TCP proxy (the HA chaos run cuts
 # one broker from the workers that way): it listens on 19292-19294 and advertises
-# 19392-19394, where the proxies listen. Nothing else uses it.
+# 19392-19394 on the host's side of the bridge (bridge_addr), where the proxies listen.
+# Nothing else uses it.
 KAFKA_PROXIED_PORTS=(19292 19293 19294)
 KAFKA_PROXY_PORTS=(19392 19393 19394)
 PG_MONITOR_PORT=15432
@@ -86,7 +87,7 @@ kafka_node_up() { # kafka_node_up NODE (1-3): start it unless it listens; no wai
       -e "s#@ADDRESS@#$(node_addr "k$node")#g" \
       -e "s#@CONTROLLER_PORT@#${KAFKA_CONTROLLER_PORTS[$i]}#g" -e "s#@NODE_ID@#$node#" \
       -e "s#@PROXIED_PORT@#${KAFKA_PROXIED_PORTS[$i]}#g" \
-      -e "s#@PROXY_PORT@#${KAFKA_PROXY_PORTS[$i]}#g" \
+      -e "s#@PROXY_PORT@#${KAFKA_PROXY_PORTS[$i]}#g" -e "s#@PROXY_HOST@#$(bridge_addr)#g" \
       -e "s#@VOTERS@#$(kafka_voters)#" "$HERE/kafka/ha-server.properties" >"$dir/server.properties"
   if [ ! -f "$dir/data/meta.properties" ]; then
     kafka_tool kafka.tools.StorageTool format -t "$(kafka_cluster_id)" -c "$dir/server.properties" \

@@ -12,13 +12,15 @@
 #
 # The nodes (their ports are ha.sh's: each node keeps its own, so a port still names it):
 #   pgm the pg_auto_failover monitor; pg1-pg3 the PostgreSQL nodes; k1-k3 the Kafka nodes;
-#   r1 r2 the Redis nodes (first master, replica); s1-s3 the Sentinels.
+#   r1 r2 the Redis nodes (first master, replica); s1-s3 the Sentinels; and w1-w3, where the
+#   HA chaos run starts its three workers (nothing runs there otherwise), so that one worker
+#   can be cut from Kafka while it still reaches PostgreSQL.
 HA_NET=${HA_NET:-10.77.42}  # a /24 of the stack's own, unused on the host's networks
 HA_BRIDGE=pa-ha0
 HA_NS_PREFIX=payauth-
-HA_NODES=(pgm pg1 pg2 pg3 k1 k2 k3 r1 r2 s1 s2 s3)
+HA_NODES=(pgm pg1 pg2 pg3 k1 k2 k3 r1 r2 s1 s2 s3 w1 w2 w3)
 declare -A HA_NODE_OCTET=([pgm]=10 [pg1]=11 [pg2]=12 [pg3]=13 [k1]=21 [k2]=22 [k3]=23
-                          [r1]=31 [r2]=32 [s1]=41 [s2]=42 [s3]=43)
+                          [r1]=31 [r2]=32 [s1]=41 [s2]=42 [s3]=43 [w1]=51 [w2]=52 [w3]=53)
 
 ha_netns() { [ "$(id -u)" = 0 ] && [ "${HA_NETNS:-1}" != 0 ]; }
 
@@ -29,11 +31,6 @@ ha_layout() { if ha_netns; then echo "netns $HA_NET.0/24"; else echo loopback; f
 
 node_addr() { # node_addr NODE: the address the node listens on and is reached at
   if ha_netns; then echo "$HA_NET.${HA_NODE_OCTET[$1]}"; else echo 127.0.0.1; fi
-}
-
-in_node() { # in_node NODE COMMAND...: run COMMAND inside the node's namespace
-  local node=$1; shift
-  if ha_netns; then ip netns exec "$HA_NS_PREFIX$node" "$@"; else "$@"; fi
 }
 
 node_listening() { # node_listening NODE PORT
@@ -91,8 +88,13 @@ net_down() { # after the nodes were stopped: whatever still runs in a namespace 
   step "net: namespaces and bridge removed"
 }
 
+bridge_addr() { # where the host's namespace is reached from a node's (the proxies listen)
+  if ha_netns; then echo "$HA_NET.1"; else echo 127.0.0.1; fi
+}
+
 net_nodes_file() { # what the chaos run reads: a line per node, its address and namespace
   local node
+  echo "bridge $(bridge_addr) -"
   for node in "${HA_NODES[@]}"; do
     if ha_netns; then echo "$node $(node_addr "$node") $HA_NS_PREFIX$node"
     else echo "$node $(node_addr "$node") -"; fi

@@ -49,9 +49,13 @@ def parse_metrics(text: str) -> dict[str, float]:
 
 
 class WorkerProcess:
-    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+    def __init__(self, env: dict[str, str], log_path: Path, *,
+                 placement: tuple[tuple[str, ...], str] = ((), "127.0.0.1")) -> None:
+        """``placement``: the command prefix that starts it elsewhere (a network namespace:
+        ``ip netns exec NAME``) and the address its metrics are reached at from here."""
         self.env = env
         self.log_path = log_path
+        self._prefix, self._host = placement
         self.proc: subprocess.Popen[bytes] | None = None
         configured = int(env.get("PAYAUTH_METRICS_PORT", "0") or 0)
         self._port: int | None = configured or None  # 0: the worker picks one and logs it
@@ -65,7 +69,7 @@ class WorkerProcess:
         command = ["service.devtools", "worker"] if faulty else ["service", "run"]
         with self.log_path.open("wb") as log:  # a fresh log: its port line is this run's
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", *command], cwd=ROOT, env=self.env,
+                [*self._prefix, sys.executable, "-m", *command], cwd=ROOT, env=self.env,
                 stdout=log, stderr=subprocess.STDOUT,
             )
         return self
@@ -101,7 +105,7 @@ class WorkerProcess:
         return self._port
 
     def http_get(self, path: str) -> tuple[int, str]:
-        url = f"http://127.0.0.1:{self.port()}{path}"
+        url = f"http://{self._host}:{self.port()}{path}"
         try:
             with urllib.request.urlopen(url, timeout=5) as resp:
                 return int(resp.status), resp.read().decode()

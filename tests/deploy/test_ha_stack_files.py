@@ -45,7 +45,8 @@ def test_the_chaos_run_names_the_nodes_ha_net_sh_makes() -> None:
     net = (ROOT / "deploy/local/ha_net.sh").read_text()
     found = re.search(r"^HA_NODES=\(([a-z0-9 ]+)\)$", net, re.M)
     assert found
-    assert set(found.group(1).split()) == set(ha_stack.NODE_OF_PORT.values())
+    assert set(found.group(1).split()) \
+        == set(ha_stack.NODE_OF_PORT.values()) | set(ha_stack.WORKER_NODES)
 
 
 def test_kafka_nodes_keep_acknowledged_writes() -> None:
@@ -58,7 +59,7 @@ def test_kafka_nodes_keep_acknowledged_writes() -> None:
     assert settings["auto.create.topics.enable"] == "false"
     # the proxied listener advertises the proxy's port, not its own
     assert "PROXIED://@ADDRESS@:@PROXIED_PORT@" in settings["listeners"]
-    assert "PROXIED://127.0.0.1:@PROXY_PORT@" in settings["advertised.listeners"]
+    assert "PROXIED://@PROXY_HOST@:@PROXY_PORT@" in settings["advertised.listeners"]
 
 
 def test_ha_sh_has_a_start_command_for_each_node_the_chaos_run_restarts() -> None:

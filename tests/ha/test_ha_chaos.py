@@ -9,12 +9,14 @@ of each engine under load with the chaos run's checker, and its negative control
   delivery timeout; then, each node in a network namespace of its own (as root), one
   partition of each engine: the PostgreSQL primary cut from its monitor and both standbys,
   a Kafka node from the two others, the Redis master from the Sentinels, the workers
-  reaching all of them. Every invariant holds, the workers retried the refused writes,
-  each partition moved its engine's leadership, and the report gives each fault's gap,
-  the partitions the leader kill took away and the failovers nobody injected;
-- negative control: the same PostgreSQL failover with asynchronous commits and the standbys
-  behind at the kill. The checker must report the decisions the new primary lacks; a
-  checker that passed there could not see the loss synchronous replication prevents.
+  reaching all of them; and a worker cut from Kafka while it reaches PostgreSQL. Every
+  invariant holds, the workers retried the refused writes, each partition moved its
+  engine's leadership, and the report gives each fault's gap, the partitions the leader
+  kill took away and the failovers nobody injected;
+- negative controls: the same PostgreSQL failover with asynchronous commits and the
+  standbys behind at the kill, and (as root) at a partition of the primary from its monitor
+  and standbys. The checker must report the decisions the new primary lacks; a checker
+  that passed there could not see the loss synchronous replication prevents.
 
 Not in ``make test``: it needs the replicated stack, which ``make ha-smoke`` starts.
 """
@@ -35,9 +37,10 @@ from tests.support import stack
 KILLS = ("postgres_primary_killed", "kafka_leader_killed", "redis_master_killed",
          "kafka_not_enough_replicas")
 # One partition of each engine: the primary cut from its monitor and standbys, a broker
-# from the two others, the Redis master from the Sentinels; the workers reach all of them.
+# from the two others, the Redis master from the Sentinels (the workers reach all of them);
+# and a worker cut from Kafka, not from PostgreSQL.
 PARTITIONS = ("postgres_primary_partitioned", "kafka_broker_partitioned",
-              "redis_master_partitioned")
+              "redis_master_partitioned", "worker_cut_from_kafka")
 SMOKE_KINDS = KILLS + PARTITIONS
 
 
@@ -56,13 +59,15 @@ def ha_stack_up() -> None:
 def test_each_node_is_in_a_namespace_of_its_own_and_reached_at_its_address() -> None:
     if not ha_stack.namespaced():
         pytest.skip("not root: the replicated stack runs on the loopback")
-    addresses = {address for address, _ in ha_stack.nodes().values()}
-    namespaces = {namespace for _, namespace in ha_stack.nodes().values()}
-    assert len(addresses) == len(namespaces) == len(set(ha_stack.NODE_OF_PORT.values()))
+    names = {*ha_stack.NODE_OF_PORT.values(), *ha_stack.WORKER_NODES}
+    addresses = {ha_stack.nodes()[name][0] for name in names}
+    namespaces = {ha_stack.nodes()[name][1] for name in names}
+    assert len(addresses) == len(namespaces) == len(names)
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
                             check=True).stdout
     assert all(str(namespace) in listed for namespace in namespaces)
     assert "127.0.0.1" not in addresses  # every client reaches them as it would another host
+    assert ha_stack.bridge_address() not in addresses
 
 
 def test_every_commit_waits_for_one_of_two_standbys() -> None:
@@ -145,3 +150,21 @@ def test_negative_control_the_checker_reports_what_an_asynchronous_failover_lost
     assert lost, out[-8000:]
     assert int(lost.group(1)) > 0
     assert "checker: INVARIANTS VIOLATED" in out
+
+
+@pytest.mark.timeout(1500)
+def test_negative_control_the_checker_reports_what_a_partitioned_primary_acknowledged_alone(
+        tmp_path: Path) -> None:
+    """The partition's own control: with asynchronous commits, a primary cut from its
+    monitor and standbys (the workers still reaching it) acknowledges decisions until its
+    keeper stops it; the promoted standby lacks them, and the checker must say so. With
+    synchronous commits (the smoke above) the same cut loses nothing."""
+    if not ha_stack.namespaced():
+        pytest.skip("not root: the replicated stack runs on the loopback, no partition")
+    code, out = _run(tmp_path, HA_CHAOS_CONTROL="partition", CHAOS_SECONDS="40")
+    assert code == 1, out[-8000:]
+    assert "postgres_primary_partitioned_async" in _section(out, "faults injected by kind")
+    lost = re.search(r"^FAIL  every event names a decision the database holds: (\d+)",
+                     out, re.M)
+    assert lost, out[-8000:]
+    assert int(lost.group(1)) > 0

@@ -23,7 +23,9 @@ from dataclasses import dataclass
 CAUSES: dict[str, frozenset[str]] = {
     "postgres primary": frozenset({"postgres_primary_killed", "postgres_switchover",
                                    "postgres_primary_killed_async",
-                                   "postgres_primary_partitioned", "postgres_primary_one_way"}),
+                                   "postgres_primary_partitioned", "postgres_primary_one_way",
+                                   "postgres_primary_partitioned_async",
+                                   "postgres_promoted_primary_killed"}),
     "redis master": frozenset({"redis_master_killed", "redis_master_partitioned"}),
     "kafka controller": frozenset({"kafka_leader_killed", "kafka_broker_paused",
                                    "kafka_not_enough_replicas", "kafka_broker_partitioned",

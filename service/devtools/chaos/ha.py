@@ -24,6 +24,14 @@ proxied brokers). Two lanes of seeded faults: the worker faults of ``make chaos`
   the old master rejoins as a replica;
 - ``kafka_broker_cut``: the workers' proxy to one broker resets every connection and
   refuses new ones for 3-10 s (replication between brokers carries on).
+- ``postgres_promoted_primary_killed`` (by name only, in ``HA_CHAOS_KINDS``): a second
+  fault inside the second after a promotion: the primary killed, then the node promoted in
+  its place as soon as it takes writes without a synchronous standby (pg_auto_failover's
+  ``wait_primary``); both come back;
+- the partitions (as root, each node in a namespace of its own, ``PARTITION_KINDS``): the
+  PostgreSQL primary cut from its monitor and standbys (both ways, one way), a Kafka node
+  from the two others (fully, lossy), the Redis master from the Sentinels, a worker from
+  Kafka (docs/high-availability.md, "Partitions").
 
 Each fault ends with the engine whole again (replicas in sync, Kafka's leadership on the
 preferred replicas), so the next finds a healthy cluster. The workers' delivery timeout is
@@ -36,7 +44,10 @@ explains (see failovers.py). Then, as in ``make chaos``, ``payauth replay --shad
 ``synchronous_commit=local``, the primary's WAL senders are stopped during a burst, and the
 primary is killed right after it. The checker must then FAIL (decisions published and
 offsets committed that the new primary does not have); if it passes, it cannot see the
-failure synchronous replication is there to prevent.
+failure synchronous replication is there to prevent. ``HA_CHAOS_CONTROL=partition`` is the
+same control made by a partition (the nodes in namespaces): with the same commits, the
+primary cut from its monitor and standbys while the workers reach it; what it acknowledged
+before its keeper stopped it, the promoted standby lacks.
 
     CHAOS_SECONDS (600)  CHAOS_SEED (1)  CHAOS_RATE (100)  CHAOS_FAULTS_PER_KIND (3)
     HA_CHAOS_KINDS: comma-separated fault kinds to run (default: all of both lanes)
@@ -71,17 +82,18 @@ GROUP_SESSION_MS = 20_000  # the workers' group session in this run; see setup()
 # The faults that split a cluster (HaChaos.partitions), run where the nodes are in
 # namespaces of their own; and the share of packets the lossy link drops.
 PARTITION_KINDS = ("postgres_primary_partitioned", "postgres_primary_one_way",
-                   "kafka_broker_partitioned", "kafka_broker_lossy", "redis_master_partitioned")
+                   "kafka_broker_partitioned", "kafka_broker_lossy", "redis_master_partitioned",
+                   "worker_cut_from_kafka")
 LOSSY_PERCENT = 30
 
 
 class HaChaos(Chaos):
     def __init__(self, settings: Settings, seconds: float, seed: int, rate: float,
                  per_kind: int, out_dir: Path, *, kinds: set[str] | None,
-                 control: bool) -> None:
+                 control: str = "") -> None:
         super().__init__(settings, seconds, seed, rate, per_kind, out_dir)
         self.kinds = kinds
-        self.control = control
+        self.control = control  # "" (none), "async" or "partition": see the module's doc
         self.killed_brokers: set[int] = set()
         self.leader_kills: list[tuple[int, int]] = []  # (node, partitions it led)
 
@@ -93,7 +105,9 @@ class HaChaos(Chaos):
                                           self.topics["out"]: PARTITIONS,
                                           self.topics["dlq"]: 3}, replication_factor=3)
         ha.kafka_wait_in_sync(self.replicated_topics())
-        self.broker_proxies = [TcpProxy(inner, ha.host(inner), listen_port=outer)
+        # On the host's side of the stack's bridge: the workers' namespaces reach it there.
+        self.broker_proxies = [TcpProxy(inner, ha.host(inner), listen_port=outer,
+                                        listen_host=ha.bridge_address())
                                for inner, outer
                                in zip(ha.KAFKA_PROXIED_PORTS, ha.KAFKA_PROXY_PORTS,
                                       strict=True)]
@@ -107,7 +121,7 @@ class HaChaos(Chaos):
         dsn = self.dsn + ("&synchronous_commit=local" if self.control else "")
         env = self.worker_env({
             "PAYAUTH_KAFKA_BOOTSTRAP_SERVERS": ",".join(
-                f"127.0.0.1:{port}" for port in ha.KAFKA_PROXY_PORTS),
+                f"{ha.bridge_address()}:{port}" for port in ha.KAFKA_PROXY_PORTS),
             "PAYAUTH_DATABASE_URL": dsn,
             "PAYAUTH_REDIS_SENTINELS": self.settings.redis_sentinels,
             "PAYAUTH_REDIS_SENTINEL_MASTER": self.settings.redis_sentinel_master,
@@ -123,7 +137,13 @@ class HaChaos(Chaos):
             "PAYAUTH_SESSION_TIMEOUT_MS": str(GROUP_SESSION_MS),
             "PAYAUTH_MAX_POLL_INTERVAL_MS": str(GROUP_SESSION_MS),
         })
-        self.supervisor = Supervisor(env, self.out / "workers")
+        # Each worker slot in a namespace of its own where the nodes have theirs (a worker can
+        # then be cut from Kafka alone); its metrics are read at its address.
+        placements: list[tuple[tuple[str, ...], str]] | None = None
+        if ha.namespaced():
+            placements = [(("ip", "netns", "exec", str(ha.nodes()[node][1])), ha.nodes()[node][0])
+                          for node in ha.WORKER_NODES]
+        self.supervisor = Supervisor(env, self.out / "workers", placements=placements)
         # No purge among this run's faults (the failovers are its subject): the purges'
         # snapshot stays empty, and the shadow replay at the end reads the database directly.
         self.purges = self.purges_with(env)
@@ -151,8 +171,12 @@ class HaChaos(Chaos):
         return {} if self.control else self._only(super().worker_faults())
 
     def infra_faults(self) -> dict[str, Callable[[], None]]:
-        if self.control:
+        if self.control == "async":
             return {"postgres_primary_killed_async": self.postgres_primary_killed_async}
+        if self.control == "partition":
+            return {"postgres_primary_partitioned_async":
+                    lambda: self.postgres_primary_partitioned(
+                        "both", kind="postgres_primary_partitioned_async")}
         return self._only({
             "postgres_primary_killed": self.postgres_primary_killed,
             "postgres_switchover": ha.pg_switchover,
@@ -162,7 +186,11 @@ class HaChaos(Chaos):
             "redis_master_killed": self.redis_master_killed,
             "kafka_broker_cut": self.kafka_broker_cut,
             **(self.partitions() if ha.namespaced() else {}),
-        })
+        }) | {  # asked for by name only (HA_CHAOS_KINDS): it can leave a node that cannot
+            # rejoin (docs/failover.md, "The second after a promotion")
+            kind: fault for kind, fault in {
+                "postgres_promoted_primary_killed": self.postgres_promoted_primary_killed,
+            }.items() if self.kinds is not None and kind in self.kinds}
 
     def partitions(self) -> dict[str, Callable[[], None]]:
         """The faults that split a cluster (each node in a namespace of its own: as root)."""
@@ -172,18 +200,21 @@ class HaChaos(Chaos):
             "kafka_broker_partitioned": lambda: self.kafka_broker_partitioned(100),
             "kafka_broker_lossy": lambda: self.kafka_broker_partitioned(LOSSY_PERCENT),
             "redis_master_partitioned": self.redis_master_partitioned,
+            "worker_cut_from_kafka": self.worker_cut_from_kafka,
         }
         assert tuple(faults) == PARTITION_KINDS
         return faults
 
-    def postgres_primary_partitioned(self, direction: netsplit.Direction) -> None:
+    def postgres_primary_partitioned(self, direction: netsplit.Direction,
+                                     kind: str = "") -> None:
         """The primary cut from the monitor and both standbys (``out``: only what it sends
         them is lost), while the workers still reach it: its commits cannot reach a
         standby, so none may be acknowledged; its keeper stops it once it has heard from
         neither the monitor nor a standby for network_partition_timeout, and the monitor
         promotes a standby. Healed once a standby took over and has taken writes a while;
         the old primary then rejoins as a secondary (pg_rewind)."""
-        kind = "postgres_primary_partitioned" if direction == "both" else "postgres_primary_one_way"
+        kind = kind or ("postgres_primary_partitioned" if direction == "both"
+                        else "postgres_primary_one_way")
         primary = ha.pg_primary()
         split = ha.split(f"pg{primary}", ["pgm", *(f"pg{n}" for n in (1, 2, 3) if n != primary)],
                          direction)
@@ -219,6 +250,23 @@ class HaChaos(Chaos):
         ha.kafka_wait_in_sync(topics)
         ha.kafka_balance(topics)
 
+    def worker_cut_from_kafka(self) -> None:
+        """One worker cut from every broker (and the proxies before them) while it still
+        reaches PostgreSQL and Redis, for longer than the group's session: the coordinator
+        gives its partitions to the others, which decide them again from the committed
+        offsets, while the cut worker may still be deciding what it had fetched. The claim
+        (the unique transaction_id) lets one decision through; the cut worker can neither
+        publish nor commit an offset. Healed, it rejoins the group."""
+        slot = self.rng.randrange(len(ha.WORKER_NODES))
+        split = ha.split(ha.WORKER_NODES[slot], ["bridge", "k1", "k2", "k3"])
+        netsplit.cut(split)
+        try:
+            self.landed("worker_cut_from_kafka")
+            log(f"workers: slot {slot} cut from Kafka")
+            time.sleep(GROUP_SESSION_MS / 1000 + self.rng.uniform(5, 10))
+        finally:
+            netsplit.heal(split.namespace)
+
     def redis_master_partitioned(self) -> None:
         """The Redis master cut from the three Sentinels, not from the workers or its
         replica: the Sentinels promote the replica, and for a while two masters take
@@ -246,6 +294,28 @@ class HaChaos(Chaos):
             log(f"postgres: node {ha.pg_primary()} promoted; node {primary} rejoins")
         finally:
             ha.pg_restart(primary)
+
+    def postgres_promoted_primary_killed(self) -> None:
+        """A second fault inside the second after a promotion: the primary killed, then the
+        standby promoted in its place killed as soon as it takes writes, while
+        pg_auto_failover 2.0 runs it without synchronous replication (until a standby
+        follows it: docs/failover.md, "The second after a promotion"). Both come back."""
+        first = ha.pg_primary()
+        second = None
+        try:
+            ha.pg_kill(first)
+            self.landed("postgres_promoted_primary_killed")
+            # the promoted node taking writes with synchronous replication off (wait_primary)
+            _wait_fast(lambda: ha.pg_primary() != first
+                       and not ha.pg_query(ha.PG_NODE_PORTS[ha.pg_primary() - 1],
+                                           "SELECT current_setting('synchronous_standby_names')"),
+                       120)
+            second = ha.pg_primary()
+            ha.pg_kill(second)
+            log(f"postgres: node {first} killed, then node {second} as soon as it took writes "
+                "without a synchronous standby")
+        finally:
+            ha.pg_start_together([first] if second is None else [first, second])
 
     def postgres_primary_killed_async(self) -> None:
         """The negative control's fault: commits that never leave the primary (its WAL
@@ -361,9 +431,9 @@ class HaChaos(Chaos):
     def heal_services(self) -> None:
         for proxy in self.broker_proxies:
             proxy.restore()
-        if ha.namespaced():
-            for _, namespace in ha.nodes().values():
-                netsplit.heal(str(namespace))
+        for _, namespace in ha.nodes().values():
+            if namespace is not None:  # (the host's side has none)
+                netsplit.heal(namespace)
 
     def close_services(self) -> None:
         for proxy in self.broker_proxies:
@@ -371,6 +441,17 @@ class HaChaos(Chaos):
 
     def cleanup(self, *, keep: bool) -> None:
         super().cleanup(keep=keep and not self.control)  # the control's failure is expected
+
+
+def _wait_fast(condition: Callable[[], bool], timeout: float) -> None:
+    """``condition`` asked every 50 ms (a promotion's first second is the target)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            if condition():
+                return
+        time.sleep(0.05)
+    raise TimeoutError(f"not within {timeout:.0f} s")
 
 
 def each_gap(starts: list[tuple[str, float]], gaps: dict[str, list[Gap]],
@@ -406,7 +487,9 @@ def read_ha_env(path: Path = HA_ENV) -> dict[str, str]:
 
 def main() -> int:
     os.environ.update(read_ha_env())
-    control = os.environ.get("HA_CHAOS_CONTROL", "") == "async"
+    control = os.environ.get("HA_CHAOS_CONTROL", "")
+    if control not in ("", "async", "partition"):
+        raise SystemExit(f"ha-chaos: HA_CHAOS_CONTROL={control!r}: async or partition")
     seconds = float(os.environ.get("CHAOS_SECONDS", "90" if control else "600"))
     kinds = {k.strip() for k in os.environ.get("HA_CHAOS_KINDS", "").split(",") if k.strip()}
     out = Path(os.environ.get("CHAOS_OUT", str(ROOT / ".chaos" / ("ha-" + time.strftime(
@@ -416,8 +499,9 @@ def main() -> int:
                   int(os.environ.get("CHAOS_FAULTS_PER_KIND", "1" if control else "3")), out,
                   kinds=kinds or None, control=control)
     if control:
-        log("negative control: asynchronous commits, the standby behind at the kill; "
-            "the checker must report what was lost")
+        log("negative control: asynchronous commits, the standby behind at the "
+            f"{'kill' if control == 'async' else 'partition'}; the checker must report what "
+            "was lost")
     return run.execute()
 
 

@@ -16,6 +16,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -40,7 +41,7 @@ HA_SH = ROOT / "deploy/local/ha.sh"
 HA_DIR = ROOT / ".stack/ha"
 KAFKA_PORTS = (19092, 19093, 19094)
 KAFKA_PROXIED_PORTS = (19292, 19293, 19294)  # the PROXIED listener, behind the proxies
-KAFKA_PROXY_PORTS = (19392, 19393, 19394)  # what that listener advertises (127.0.0.1)
+KAFKA_PROXY_PORTS = (19392, 19393, 19394)  # what that listener advertises (bridge_address)
 PG_MONITOR_PORT = 15432
 PG_NODE_PORTS = (15433, 15434, 15435)
 REDIS_PORTS = (16379, 16380)
@@ -59,13 +60,19 @@ NODE_OF_PORT: dict[int, str] = {
 }
 
 
+# Where the HA chaos run starts its three workers, a namespace each (ha_net.sh).
+WORKER_NODES = ("w1", "w2", "w3")
+
+
 @cache
 def nodes() -> dict[str, tuple[str, str | None]]:
     """Each node's address and network namespace (None: on the loopback), as ha.sh wrote
-    them when the stack started; all on the loopback when it wrote none."""
+    them when the stack started (``bridge``: the host's side, where the proxies listen);
+    all on the loopback when it wrote none."""
     path = HA_DIR / "nodes"
     if not path.exists():
-        return {node: ("127.0.0.1", None) for node in set(NODE_OF_PORT.values())}
+        return {node: ("127.0.0.1", None)
+                for node in {*NODE_OF_PORT.values(), *WORKER_NODES, "bridge"}}
     found = {}
     for line in path.read_text().splitlines():
         name, address, namespace = line.split()
@@ -92,7 +99,13 @@ def split(node: str, peers: list[str], direction: netsplit.Direction = "both",
 
 def namespaced() -> bool:
     """Whether the nodes run in namespaces of their own (partitions can be made)."""
-    return all(namespace is not None for _, namespace in nodes().values())
+    return all(nodes()[node][1] is not None
+               for node in {*NODE_OF_PORT.values(), *WORKER_NODES})
+
+
+def bridge_address() -> str:
+    """The host's side of the stack's network: where the broker proxies listen."""
+    return nodes()["bridge"][0]
 
 
 def pg_ha_dir() -> Path:
@@ -174,11 +187,27 @@ def pg_kill(node: int) -> None:
     postmaster's children call setsid), so they are found by parent, and killed first: a
     backend left behind keeps the shared memory and the node would not start again."""
     postmaster = _pidfile(pg_ha_dir() / f"node{node}" / "postmaster.pid")
+    keeper = _keeper_pid(node)
     os.kill(postmaster, signal.SIGSTOP)  # no new child between the listing and the kill
     for child in _children(postmaster):
         with contextlib.suppress(ProcessLookupError):
             os.kill(child, signal.SIGKILL)
     _kill_group(postmaster, signal.SIGKILL)
+    # Until the keeper is reaped: a keeper started while its predecessor's pid still exists
+    # refuses to run ("an instance of pg_autoctl is already running"), and a restart right
+    # after the kill (a second fault at once) met that.
+    if keeper is not None:
+        with contextlib.suppress(TimeoutError):
+            _wait(f"node {node}'s keeper gone", lambda: not Path(f"/proc/{keeper}").exists(), 30)
+
+
+def _keeper_pid(node: int) -> int | None:
+    """The pid in the node's pg_autoctl pid file (kept under /tmp/pg_autoctl, by PGDATA)."""
+    path = Path(f"/tmp/pg_autoctl{pg_ha_dir()}/node{node}/pg_autoctl.pid")
+    try:
+        return _pidfile(path)
+    except (OSError, ValueError):
+        return None
 
 
 def _children(pid: int) -> list[int]:
@@ -200,6 +229,18 @@ def pg_restart(node: int) -> None:
     """The node back (pg_rewind or a new base backup: pg_auto_failover decides), then until
     replication is synchronous again."""
     _ha_sh("pg-node-up", str(node))
+    pg_wait_healthy()
+
+
+def pg_start_together(nodes: list[int]) -> None:
+    """Several nodes back at once (a formation with two nodes down may wait for both
+    before either settles), then until replication is synchronous again."""
+    threads = [threading.Thread(target=_ha_sh, args=("pg-node-up", str(node)))
+               for node in nodes]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
     pg_wait_healthy()
 
 

@@ -15,7 +15,8 @@ import time
 
 class TcpProxy:
     def __init__(self, target_port: int, target_host: str = "127.0.0.1",
-                 listen_port: int = 0, connect_timeout: float = 5) -> None:
+                 listen_port: int = 0, connect_timeout: float = 5,
+                 listen_host: str = "127.0.0.1") -> None:
         """``listen_port`` 0: any free port (read ``port``). ``connect_timeout`` bounds the
         connection to the target only: a connection through the proxy may then stay idle
         as long as its ends like, as on a real network."""
@@ -23,7 +24,7 @@ class TcpProxy:
         self._connect_timeout = connect_timeout
         self._listener = socket.socket()
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._listener.bind(("127.0.0.1", listen_port))
+        self._listener.bind((listen_host, listen_port))
         self._listener.listen(128)
         self.port = int(self._listener.getsockname()[1])
         self._lock = threading.Lock()

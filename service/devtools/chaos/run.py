@@ -116,9 +116,13 @@ class RedisServer:
 class Supervisor:
     """Keeps three worker slots running (as an orchestrator would), scrapes their metrics."""
 
-    def __init__(self, base_env: dict[str, str], log_dir: Path) -> None:
+    def __init__(self, base_env: dict[str, str], log_dir: Path, *,
+                 placements: list[tuple[tuple[str, ...], str]] | None = None) -> None:
+        """``placements``: where each slot's workers run (see WorkerProcess); by default in
+        this process's own network namespace."""
         self._env = base_env
         self._dir = log_dir
+        self._placements = placements
         self._lock = threading.Lock()
         self.slots: list[WorkerProcess | None] = [None, None, None]
         self._held: set[int] = set()
@@ -137,8 +141,11 @@ class Supervisor:
                          **overrides}
         with self._lock:
             self._generation += 1
+            placement = (self._placements[slot] if self._placements and slot >= 0
+                         else ((), "127.0.0.1"))
             worker = WorkerProcess({**self._env, **overrides},
-                                   self._dir / f"worker-{slot}-{self._generation}.log").start()
+                                   self._dir / f"worker-{slot}-{self._generation}.log",
+                                   placement=placement).start()
             if slot >= 0:
                 self.slots[slot] = worker
             return worker
