@@ -8,7 +8,8 @@
 #   address of its own, and its own loopback. Nothing outside these namespaces and this
 #   bridge is touched; `ha.sh down` removes them all, also after a run that was killed.
 #
-# Not root (or HA_NETNS=0): every node on the loopback, as before; no partition can be made.
+# Not root, HA_NETNS=0, or namespaces refused: every node on the loopback, and no partition
+# can be made.
 #
 # The nodes (their ports are ha.sh's: each node keeps its own, so a port still names it):
 #   pgm the pg_auto_failover monitor; pg1-pg3 the PostgreSQL nodes; k1-k3 the Kafka nodes;
@@ -22,7 +23,20 @@ HA_NODES=(pgm pg1 pg2 pg3 k1 k2 k3 r1 r2 s1 s2 s3 w1 w2 w3)
 declare -A HA_NODE_OCTET=([pgm]=10 [pg1]=11 [pg2]=12 [pg3]=13 [k1]=21 [k2]=22 [k3]=23
                           [r1]=31 [r2]=32 [s1]=41 [s2]=42 [s3]=43 [w1]=51 [w2]=52 [w3]=53)
 
-ha_netns() { [ "$(id -u)" = 0 ] && [ "${HA_NETNS:-1}" != 0 ]; }
+# As root, unless HA_NETNS=0 or the host refuses network namespaces (a container without
+# CAP_NET_ADMIN, say): then, said in a line, every node on the loopback.
+if [ -z "${HA_NETNS:-}" ]; then
+  HA_NETNS=0
+  if [ "$(id -u)" = 0 ]; then
+    command -v ip >/dev/null 2>&1 || apt_install iproute2
+    if ip netns add payauth-probe 2>/dev/null; then
+      ip netns del payauth-probe; HA_NETNS=1
+    else
+      printf '[ha] network namespaces refused on this host: every node on the loopback, no partition can be made\n' >&2
+    fi
+  fi
+fi
+ha_netns() { [ "$HA_NETNS" != 0 ]; }
 
 # The layout the nodes' data was made for: a node's address is written into its data (the
 # monitor's node list, the Kafka quorum's voters), so data made for another layout is made
