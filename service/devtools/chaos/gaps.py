@@ -155,3 +155,25 @@ class CommitObserver:
         self._stop.set()
         self._thread.join(10)
         self._consumer.close()
+
+
+def each_gap(starts: list[tuple[str, float]], gaps: dict[str, list[Gap]],
+             started: float) -> list[str]:
+    """One line per fault in time order: when it struck, its two gaps, and how long until
+    the next fault struck (``gaps`` per kind in the order of ``starts``, as gaps_by_kind)."""
+    nth: dict[str, int] = {}
+    rows = []
+    for kind, start in starts:
+        gap = gaps[kind][nth.get(kind, 0)]
+        nth[kind] = nth.get(kind, 0) + 1
+        rows.append((start, kind, gap))
+    rows.sort(key=lambda row: row[0])
+
+    def seconds(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f}"
+    lines = [f"  {'at (s)':>7}  {'fault kind':<28}{'first':>7}{'all':>7}{'next after':>12}"]
+    for i, (start, kind, gap) in enumerate(rows):
+        following = f"{rows[i + 1][0] - start:.1f}" if i + 1 < len(rows) else "-"
+        lines.append(f"  {start - started:>7.0f}  {kind:<28}{seconds(gap.first_commit):>7}"
+                     f"{seconds(gap.all_partitions):>7}{following:>12}")
+    return lines

@@ -28,7 +28,7 @@ proxied brokers). Two lanes of seeded faults: the worker faults of ``make chaos`
   fault inside the second after a promotion: the primary killed, then the node promoted in
   its place as soon as it takes writes without a synchronous standby (pg_auto_failover's
   ``wait_primary``); both come back;
-- the partitions (as root, each node in a namespace of its own, ``PARTITION_KINDS``): the
+- the partitions (as root, each node in a namespace of its own: ha_partitions.py): the
   PostgreSQL primary cut from its monitor and standbys (both ways, one way), a Kafka node
   from the two others (fully, lossy), the Redis master from the Sentinels, a worker from
   Kafka (docs/high-availability.md, "Partitions").
@@ -71,20 +71,15 @@ from service.config import Settings, load_settings
 from service.devtools import scratch
 from service.devtools.chaos import failovers, netsplit
 from service.devtools.chaos import ha_stack as ha
-from service.devtools.chaos.gaps import Gap
+from service.devtools.chaos.gaps import Gap, each_gap
 from service.devtools.chaos.generator import seed_accounts
+from service.devtools.chaos.ha_partitions import Partitions
 from service.devtools.chaos.proxy import TcpProxy
 from service.devtools.chaos.run import PARTITIONS, Chaos, Supervisor, log
 from service.devtools.processes import ROOT
 
 HA_ENV = ROOT / ".stack/ha.env"
 GROUP_SESSION_MS = 20_000  # the workers' group session in this run; see setup()
-# The faults that split a cluster (HaChaos.partitions), run where the nodes are in
-# namespaces of their own; and the share of packets the lossy link drops.
-PARTITION_KINDS = ("postgres_primary_partitioned", "postgres_primary_one_way",
-                   "kafka_broker_partitioned", "kafka_broker_lossy", "redis_master_partitioned",
-                   "worker_cut_from_kafka")
-LOSSY_PERCENT = 30
 
 
 class HaChaos(Chaos):
@@ -94,6 +89,8 @@ class HaChaos(Chaos):
         super().__init__(settings, seconds, seed, rate, per_kind, out_dir)
         self.kinds = kinds
         self.control = control  # "" (none), "async" or "partition": see the module's doc
+        self.splits = Partitions(self.rng, self.landed, self.replicated_topics,
+                                 session_seconds=GROUP_SESSION_MS / 1000)
         self.killed_brokers: set[int] = set()
         self.leader_kills: list[tuple[int, int]] = []  # (node, partitions it led)
 
@@ -175,7 +172,7 @@ class HaChaos(Chaos):
             return {"postgres_primary_killed_async": self.postgres_primary_killed_async}
         if self.control == "partition":
             return {"postgres_primary_partitioned_async":
-                    lambda: self.postgres_primary_partitioned(
+                    lambda: self.splits.postgres_primary(
                         "both", kind="postgres_primary_partitioned_async")}
         return self._only({
             "postgres_primary_killed": self.postgres_primary_killed,
@@ -185,105 +182,12 @@ class HaChaos(Chaos):
             "kafka_not_enough_replicas": self.kafka_not_enough_replicas,
             "redis_master_killed": self.redis_master_killed,
             "kafka_broker_cut": self.kafka_broker_cut,
-            **(self.partitions() if ha.namespaced() else {}),
+            **(self.splits.faults() if ha.namespaced() else {}),
         }) | {  # asked for by name only (HA_CHAOS_KINDS): it can leave a node that cannot
             # rejoin (docs/failover.md, "The second after a promotion")
             kind: fault for kind, fault in {
                 "postgres_promoted_primary_killed": self.postgres_promoted_primary_killed,
             }.items() if self.kinds is not None and kind in self.kinds}
-
-    def partitions(self) -> dict[str, Callable[[], None]]:
-        """The faults that split a cluster (each node in a namespace of its own: as root)."""
-        faults: dict[str, Callable[[], None]] = {
-            "postgres_primary_partitioned": lambda: self.postgres_primary_partitioned("both"),
-            "postgres_primary_one_way": lambda: self.postgres_primary_partitioned("out"),
-            "kafka_broker_partitioned": lambda: self.kafka_broker_partitioned(100),
-            "kafka_broker_lossy": lambda: self.kafka_broker_partitioned(LOSSY_PERCENT),
-            "redis_master_partitioned": self.redis_master_partitioned,
-            "worker_cut_from_kafka": self.worker_cut_from_kafka,
-        }
-        assert tuple(faults) == PARTITION_KINDS
-        return faults
-
-    def postgres_primary_partitioned(self, direction: netsplit.Direction,
-                                     kind: str = "") -> None:
-        """The primary cut from the monitor and both standbys (``out``: only what it sends
-        them is lost), while the workers still reach it: its commits cannot reach a
-        standby, so none may be acknowledged; its keeper stops it once it has heard from
-        neither the monitor nor a standby for network_partition_timeout, and the monitor
-        promotes a standby. Healed once a standby took over and has taken writes a while;
-        the old primary then rejoins as a secondary (pg_rewind)."""
-        kind = kind or ("postgres_primary_partitioned" if direction == "both"
-                        else "postgres_primary_one_way")
-        primary = ha.pg_primary()
-        split = ha.split(f"pg{primary}", ["pgm", *(f"pg{n}" for n in (1, 2, 3) if n != primary)],
-                         direction)
-        netsplit.cut(split)
-        try:
-            self.landed(kind)
-            ha.pg_wait_failover(primary)
-            log(f"postgres: node {primary} cut off ({direction}); node {ha.pg_primary()} "
-                "promoted")
-            time.sleep(self.rng.uniform(3, 8))
-        finally:
-            netsplit.heal(split.namespace)
-        ha.pg_wait_healthy()
-
-    def kafka_broker_partitioned(self, loss_percent: int) -> None:
-        """A node cut from the two others (the controller quorum and replication), not from
-        the clients: the quorum fences it after the broker session and moves its
-        leaderships; a producer with acks=all cannot have a write acknowledged by it alone
-        (min.insync.replicas 2). ``loss_percent`` below 100: a lossy link instead, a share
-        of those packets lost."""
-        kind = "kafka_broker_partitioned" if loss_percent == 100 else "kafka_broker_lossy"
-        topics = self.replicated_topics()
-        ha.kafka_balance(topics)
-        node = self.rng.randint(1, 3)
-        split = ha.split(f"k{node}", [f"k{n}" for n in (1, 2, 3) if n != node],
-                         loss_percent=loss_percent)
-        netsplit.cut(split)
-        try:
-            self.landed(kind)
-            time.sleep(self.rng.uniform(8, 15))
-        finally:
-            netsplit.heal(split.namespace)
-        ha.kafka_wait_in_sync(topics)
-        ha.kafka_balance(topics)
-
-    def worker_cut_from_kafka(self) -> None:
-        """One worker cut from every broker (and the proxies before them) while it still
-        reaches PostgreSQL and Redis, for longer than the group's session: the coordinator
-        gives its partitions to the others, which decide them again from the committed
-        offsets, while the cut worker may still be deciding what it had fetched. The claim
-        (the unique transaction_id) lets one decision through; the cut worker can neither
-        publish nor commit an offset. Healed, it rejoins the group."""
-        slot = self.rng.randrange(len(ha.WORKER_NODES))
-        split = ha.split(ha.WORKER_NODES[slot], ["bridge", "k1", "k2", "k3"])
-        netsplit.cut(split)
-        try:
-            self.landed("worker_cut_from_kafka")
-            log(f"workers: slot {slot} cut from Kafka")
-            time.sleep(GROUP_SESSION_MS / 1000 + self.rng.uniform(5, 10))
-        finally:
-            netsplit.heal(split.namespace)
-
-    def redis_master_partitioned(self) -> None:
-        """The Redis master cut from the three Sentinels, not from the workers or its
-        replica: the Sentinels promote the replica, and for a while two masters take
-        writes (Redis is the fast path only: a worker that reads a stale or missing
-        entry there asks PostgreSQL). Healed, the old master is made a replica by the
-        Sentinels."""
-        master = ha.redis_master()
-        node = ha.NODE_OF_PORT[master]
-        split = ha.split(node, ["s1", "s2", "s3"])
-        netsplit.cut(split)
-        try:
-            self.landed("redis_master_partitioned")
-            ha.redis_wait_failover(master)
-            time.sleep(self.rng.uniform(3, 8))
-        finally:
-            netsplit.heal(split.namespace)
-        ha.redis_wait_replica(master)
 
     def postgres_primary_killed(self) -> None:
         primary = ha.pg_primary()
@@ -452,28 +356,6 @@ def _wait_fast(condition: Callable[[], bool], timeout: float) -> None:
                 return
         time.sleep(0.05)
     raise TimeoutError(f"not within {timeout:.0f} s")
-
-
-def each_gap(starts: list[tuple[str, float]], gaps: dict[str, list[Gap]],
-             started: float) -> list[str]:
-    """One line per fault in time order: when it struck, its two gaps, and how long until
-    the next fault struck (``gaps`` per kind in the order of ``starts``, as gaps_by_kind)."""
-    nth: dict[str, int] = {}
-    rows = []
-    for kind, start in starts:
-        gap = gaps[kind][nth.get(kind, 0)]
-        nth[kind] = nth.get(kind, 0) + 1
-        rows.append((start, kind, gap))
-    rows.sort(key=lambda row: row[0])
-
-    def seconds(value: float | None) -> str:
-        return "-" if value is None else f"{value:.1f}"
-    lines = [f"  {'at (s)':>7}  {'fault kind':<28}{'first':>7}{'all':>7}{'next after':>12}"]
-    for i, (start, kind, gap) in enumerate(rows):
-        following = f"{rows[i + 1][0] - start:.1f}" if i + 1 < len(rows) else "-"
-        lines.append(f"  {start - started:>7.0f}  {kind:<28}{seconds(gap.first_commit):>7}"
-                     f"{seconds(gap.all_partitions):>7}{following:>12}")
-    return lines
 
 
 def read_ha_env(path: Path = HA_ENV) -> dict[str, str]:

@@ -2,6 +2,8 @@
 run: which node leads, how to kill or pause one the way a crash or a frozen host would, and
 how to bring it back. Starting a node is ha.sh's job (one place for its command line); this
 module finds processes, signals them and waits for the engines to agree again.
+Over 400 lines: the three engines' probes, kills and restarts, and the nodes' addresses,
+side by side as ha.sh keeps them (one module the chaos run and the HA smoke import as ha).
 
 The ports are ha.sh's (a deploy test holds the two to the same values); each node keeps
 its own port, so a port names a node. Where a node is reached (its address; as root, in a

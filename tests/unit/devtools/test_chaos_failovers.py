@@ -16,7 +16,7 @@ from service.devtools.chaos.failovers import (
     longest_blind_spell,
     render,
 )
-from service.devtools.chaos.ha import PARTITION_KINDS
+from service.devtools.chaos.ha_partitions import PARTITION_KINDS
 from service.devtools.chaos.ha_stack import KafkaLeaderProbe
 
 SETTLE = {"postgres primary": 5.0, "kafka leaders": 10.0, "redis master": 5.0,

@@ -78,7 +78,7 @@ def test_gaps_group_by_kind_and_render_median_and_worst() -> None:
 
 
 def test_each_fault_is_listed_in_time_order_with_the_time_to_the_next() -> None:
-    from service.devtools.chaos.ha import each_gap
+    from service.devtools.chaos.gaps import each_gap
 
     # gaps per kind follow the order of the starts as given (gaps_by_kind's), the listing
     # the order of time
