@@ -185,8 +185,17 @@ pg_ha_up() {
 # joins; it is checked here and set if a formation made otherwise lacks it.
 PG_NUMBER_SYNC_STANDBYS=1
 
+monitor_psql() { # monitor_psql PSQL-ARGS...: psql as postgres on the monitor's database
+  psql -X -h "$(node_addr pgm)" -p "$PG_MONITOR_PORT" -U postgres -d pg_auto_failover "$@"
+}
+
+node_psql() { # node_psql NODE (1-3) PSQL-ARGS...: psql as postgres on a data node
+  psql -X -h "$(node_addr "pg$1")" -p "${PG_NODE_PORTS[$(($1 - 1))]}" -U postgres -d postgres \
+    "${@:2}"
+}
+
 pg_formation_sync_standbys() {
-  psql -X -h "$(node_addr pgm)" -p "$PG_MONITOR_PORT" -U postgres -d pg_auto_failover -tAc \
+  monitor_psql -tAc \
     "SELECT number_sync_standbys FROM pgautofailover.formation WHERE formationid = 'default'"
 }
 
@@ -227,19 +236,17 @@ PG_KEEPER_NETWORK_PARTITION_TIMEOUT=3
 PG_NODE_SETTINGS=("tcp_user_timeout=5000")
 
 pg_monitor_accepts() {
-  psql -X -q -h "$(node_addr pgm)" -p "$PG_MONITOR_PORT" -U postgres -d pg_auto_failover \
-    -c "SELECT 1" >/dev/null 2>&1
+  monitor_psql -q -c "SELECT 1" >/dev/null 2>&1
 }
 
 pg_monitor_settings() { # the GUCs above on the monitor (ALTER SYSTEM: they survive restarts)
   local setting
   for setting in "${PG_MONITOR_SETTINGS[@]}"; do
-    psql -X -q -h "$(node_addr pgm)" -p "$PG_MONITOR_PORT" -U postgres -d pg_auto_failover \
-      -c "ALTER SYSTEM SET ${setting%%=*} = '${setting#*=}'" >/dev/null \
+    monitor_psql -q -c "ALTER SYSTEM SET ${setting%%=*} = '${setting#*=}'" >/dev/null \
       || die "postgres: could not set ${setting%%=*} on the monitor"
   done
-  psql -X -q -h "$(node_addr pgm)" -p "$PG_MONITOR_PORT" -U postgres -d pg_auto_failover \
-    -c "SELECT pg_reload_conf()" >/dev/null || die "postgres: the monitor did not reload"
+  monitor_psql -q -c "SELECT pg_reload_conf()" >/dev/null \
+    || die "postgres: the monitor did not reload"
 }
 
 pg_keeper_settings() { # pg_keeper_settings NODE: the keeper's own timeout, the server's
@@ -249,9 +256,8 @@ pg_keeper_settings() { # pg_keeper_settings NODE: the keeper's own timeout, the 
     "$PG_KEEPER_NETWORK_PARTITION_TIMEOUT" >/dev/null \
     || die "postgres: could not set node $1's network_partition_timeout"
   for setting in "${PG_NODE_SETTINGS[@]}"; do
-    psql -X -q -h "$(node_addr "pg$1")" -p "${PG_NODE_PORTS[$(($1 - 1))]}" -U postgres -d postgres \
-      -c "ALTER SYSTEM SET ${setting%%=*} = '${setting#*=}'" -c "SELECT pg_reload_conf()" \
-      >/dev/null || die "postgres: could not set ${setting%%=*} on node $1"
+    node_psql "$1" -q -c "ALTER SYSTEM SET ${setting%%=*} = '${setting#*=}'" \
+      -c "SELECT pg_reload_conf()" >/dev/null || die "postgres: could not set ${setting%%=*} on node $1"
   done
   autoctl reload --pgdata "$data" >/dev/null 2>&1 || true
 }
@@ -317,8 +323,7 @@ pg_node_settled() { # the node reports single/primary/secondary; nudges a slow b
   # (of every node: after a failover the primary is any of them)
   local node
   for node in 1 2 3; do
-    PGCONNECT_TIMEOUT=2 psql -X -q -h "$(node_addr "pg$node")" -p "${PG_NODE_PORTS[$((node - 1))]}" \
-      -U postgres -d postgres -c CHECKPOINT >/dev/null 2>&1 || true
+    PGCONNECT_TIMEOUT=2 node_psql "$node" -q -c CHECKPOINT >/dev/null 2>&1 || true
   done
   echo "$state" | grep -E "^ *node_$1 " | grep -Eq "\| +(single|primary|secondary) +\| +(single|primary|secondary) *$"
 }
@@ -326,8 +331,7 @@ pg_node_settled() { # the node reports single/primary/secondary; nudges a slow b
 pg_sync_names() {
   local node
   for node in 1 2 3; do
-    PGCONNECT_TIMEOUT=2 psql -X -h "$(node_addr "pg$node")" -p "${PG_NODE_PORTS[$((node - 1))]}" \
-      -U postgres -d postgres -tAc \
+    PGCONNECT_TIMEOUT=2 node_psql "$node" -tAc \
       "select current_setting('synchronous_standby_names') where not pg_is_in_recovery()" 2>/dev/null
   done | grep . || echo "no synchronous standby yet"
 }

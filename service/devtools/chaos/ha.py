@@ -209,12 +209,7 @@ class HaChaos(Chaos):
         try:
             ha.pg_kill(first)
             self.landed("postgres_promoted_primary_killed")
-            # the promoted node taking writes with synchronous replication off (wait_primary)
-            _wait_fast(lambda: ha.pg_primary() != first
-                       and not ha.pg_query(ha.PG_NODE_PORTS[ha.pg_primary() - 1],
-                                           "SELECT current_setting('synchronous_standby_names')"),
-                       120)
-            second = ha.pg_primary()
+            second = ha.pg_wait_promoted_alone(first)
             ha.pg_kill(second)
             log(f"postgres: node {first} killed, then node {second} as soon as it took writes "
                 "without a synchronous standby")
@@ -345,17 +340,6 @@ class HaChaos(Chaos):
 
     def cleanup(self, *, keep: bool) -> None:
         super().cleanup(keep=keep and not self.control)  # the control's failure is expected
-
-
-def _wait_fast(condition: Callable[[], bool], timeout: float) -> None:
-    """``condition`` asked every 50 ms (a promotion's first second is the target)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(Exception):
-            if condition():
-                return
-        time.sleep(0.05)
-    raise TimeoutError(f"not within {timeout:.0f} s")
 
 
 def read_ha_env(path: Path = HA_ENV) -> dict[str, str]:

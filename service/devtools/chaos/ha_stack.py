@@ -115,7 +115,8 @@ def pg_ha_dir() -> Path:
     return Path(os.environ.get("PG_HA_DIR", default))
 
 
-def _wait(what: str, condition: Callable[[], bool], timeout: float) -> None:
+def _wait(what: str, condition: Callable[[], bool], timeout: float,
+          interval: float = 0.5) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -123,7 +124,7 @@ def _wait(what: str, condition: Callable[[], bool], timeout: float) -> None:
                 return
         except Exception:  # a node being killed or promoted answers oddly for a while
             pass
-        time.sleep(0.5)
+        time.sleep(interval)
     raise TimeoutError(f"{what}: not within {timeout:.0f} s")
 
 
@@ -227,6 +228,18 @@ def pg_wait_failover(dead: int, timeout: float = 120) -> None:
     _wait("PostgreSQL failover", lambda: pg_primary() != dead, timeout)
 
 
+def pg_wait_promoted_alone(dead: int, timeout: float = 120) -> int:
+    """The node promoted in ``dead``'s place, as soon as it takes writes with synchronous
+    replication off (pg_auto_failover's wait_primary), asked every 50 ms: that second is
+    what a fault aims at."""
+    def alone() -> bool:
+        primary = pg_primary()
+        return primary != dead and not pg_query(
+            PG_NODE_PORTS[primary - 1], "SELECT current_setting('synchronous_standby_names')")
+    _wait("a promoted primary without a synchronous standby", alone, timeout, interval=0.05)
+    return pg_primary()
+
+
 def pg_restart(node: int) -> None:
     """The node back (pg_rewind or a new base backup: pg_auto_failover decides), then until
     replication is synchronous again."""
@@ -234,11 +247,11 @@ def pg_restart(node: int) -> None:
     pg_wait_healthy()
 
 
-def pg_start_together(nodes: list[int]) -> None:
+def pg_start_together(numbers: list[int]) -> None:
     """Several nodes back at once (a formation with two nodes down may wait for both
     before either settles), then until replication is synchronous again."""
     threads = [threading.Thread(target=_ha_sh, args=("pg-node-up", str(node)))
-               for node in nodes]
+               for node in numbers]
     for thread in threads:
         thread.start()
     for thread in threads:

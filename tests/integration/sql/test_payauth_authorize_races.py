@@ -50,26 +50,17 @@ def _decided_while_the_other_waits(env: stack.Env, held: Authorization,
     then ``waiting`` decided by another batch, which must wait for that account; then the
     first commits. Both batches' rows."""
 
-    async def scenario() -> tuple[Any, Any]:
-        holding = await HeldOpenStore.connect(env.dsn)
-        other = await PostgresStore.connect(env.dsn)
+    async def decide_waiting() -> Any:
+        store = await PostgresStore.connect(env.dsn)
         try:
-            first = asyncio.create_task(holding.authorize(
-                [held], source_topic="t", source_partitions=[1], source_offsets=[0]))
-            await asyncio.wait_for(holding.decided.wait(), 10)
-            second = asyncio.create_task(other.authorize(
-                [waiting], source_topic="t", source_partitions=[2], source_offsets=[0]))
-            # until the second batch waits for the account's lock
-            await stack.until_a_lock_is_awaited(env.dsn, "payauth-worker")
-            holding.release.set()
-            [a] = await first
-            [b] = await second
-            return a, b
+            [row] = await store.authorize([waiting], source_topic="t", source_partitions=[2],
+                                          source_offsets=[0])
+            return row
         finally:
-            await holding.close()
-            await other.close()
+            await store.close()
 
-    return asyncio.run(scenario())
+    first, second, _ = _command_while_a_batch_decides(env, held, decide_waiting, [])
+    return first, second
 
 
 def _a_card(env: stack.Env, balance: str) -> tuple[str, str]:
