@@ -155,6 +155,7 @@ async def run_worker(settings: Settings, wiring: Wiring | None = None) -> int:
         asyncio.create_task(_heartbeat(health, processor, store, cache, dispatcher,
                                        settings.stalled_partition_seconds)),
         asyncio.create_task(_count_dedup_records(store, settings)),
+        asyncio.create_task(_prepare_dedup_periods(store)),
         asyncio.create_task(_refresh_replay_marks(processor, settings)),
     ]
     if settings.purge_interval_seconds:
@@ -289,6 +290,18 @@ async def _heartbeat(
             health.accepted("postgres")
         metrics.redis_up.set(1 if await cache.ping() else 0)
         await asyncio.sleep(2)
+
+
+async def _prepare_dedup_periods(store: PostgresStore, every_seconds: float = 3_600) -> None:
+    """The dedup store's partitions of today and the days ahead, made at start and then
+    every hour, whether or not this worker purges: a claim never waits for one. (Claims
+    made without it go to the default partition, and move to their day's as it is made.)"""
+    while True:
+        try:
+            await store.prepare_dedup_periods()
+        except Exception as exc:  # housekeeping: never stop the worker for it
+            log.warning("dedup_periods_failed", error=str(exc)[:300])
+        await asyncio.sleep(every_seconds)
 
 
 async def _purge_periodically(settings: Settings) -> None:

@@ -10,6 +10,9 @@
 -- commits on its own (autocommit): one round trip, the accounts' locks held for the
 -- statement only. In this order:
 --
+-- 0. Take the claim's fence and its period (payauth_claim_period), before any row lock;
+--    a transaction_id of the batch that a claim of the period before committed since the
+--    worker's lookup is found there: the claim is lost (PA409), nothing is written.
 -- 1. Lock the batch's accounts, in account_id order (every writer locks in this order, so
 --    two batches never deadlock). From here on nothing of these accounts changes under the
 --    batch, and whatever another batch wrote of them is committed and seen: an orphan
@@ -32,8 +35,8 @@
 --      every rule, the others the common cases of them (integration/sql/
 --      test_payauth_authorize.py holds the routes to the same rows).
 -- 3. The route decides in offset order with the one rule (payauth_decide), claims each
---    transaction_id under the unique index of processed_transactions (another replica's
---    claim first: SQLSTATE PA409, the whole statement rolled back), writes the ledger, the
+--    transaction_id under the primary key of processed_transactions (txn_id, the period:
+--    another replica's claim first: SQLSTATE PA409, the whole statement rolled back), writes the ledger, the
 --    holds and the dedup records with the inputs each decision read, and moves the
 --    balances.
 --
@@ -86,11 +89,20 @@ LANGUAGE plpgsql
 AS $$
 #variable_conflict use_column
 DECLARE
-    n     integer := coalesce(array_length(p_txn_ids, 1), 0);
-    route text;
+    n            integer := coalesce(array_length(p_txn_ids, 1), 0);
+    route        text;
+    claim_period date;
 BEGIN
     IF n = 0 THEN
         RETURN;
+    END IF;
+
+    claim_period := payauth_claim_period();
+    IF EXISTS (SELECT 1 FROM processed_transactions p
+                WHERE p.dedup_period = claim_period - 1 AND p.txn_id = ANY(p_txn_ids)) THEN
+        RAISE EXCEPTION 'a claim of the period before % decided one of the batch first',
+                        claim_period
+              USING ERRCODE = 'PA409';
     END IF;
 
     PERFORM 1 FROM accounts WHERE account_id = ANY(p_account_ids)

@@ -72,6 +72,7 @@ LANGUAGE plpgsql
 AS $$
 #variable_conflict use_column
 DECLARE
+    claim_period date := payauth_claim_period();  -- the claims' period, fenced
     n          integer := coalesce(array_length(p_txn_ids, 1), 0);
     rule       text := payauth_rule_version();
     txn        text;
@@ -441,7 +442,8 @@ BEGIN
 
         -- The claim and the dedup record (with the inputs the decision read).
         INSERT INTO processed_transactions
-               (txn_id, processed_at, result, decline_reason, fingerprint, account_id,
+               (txn_id, dedup_period, processed_at, result, decline_reason, fingerprint,
+                account_id,
                 amount, currency, authorization_type, correlation_id, message_id,
                 source_topic, source_partition, source_offset, batch_id, input_balance,
                 input_status, input_currency, rule_version, original_txn_id, amount_applied,
@@ -449,7 +451,8 @@ BEGIN
                 amount_approved, final, input_hold_state, ledger_balance, already_cleared,
                 message_time, card_id, merchant_category, merchant_country, input_card_status,
                 input_card_expires, input_blocks, input_limits, limit_id)
-        VALUES (txn, p_processed_at, res, reason, p_fingerprints[i], acct, p_amounts[i], cur,
+        VALUES (txn, claim_period, p_processed_at, res, reason, p_fingerprints[i], acct,
+                p_amounts[i], cur,
                 kind, p_correlation_ids[i], p_message_ids[i], p_source_topic, p_partitions[i],
                 p_offsets[i], p_batch_id, avail, a.status, a.currency, rule, orig, applied,
                 is_forced, is_orphan, p_billing_amounts[i], p_billing_currencies[i],
@@ -459,7 +462,7 @@ BEGIN
                 cleared, CASE WHEN judged THEN p_times[i]::timestamptz END, p_card_ids[i],
                 CASE WHEN judged THEN p_categories[i] END,
                 CASE WHEN judged THEN p_countries[i] END, c_st, c_exp, c_blk, lims, lim_id)
-            ON CONFLICT (txn_id) DO NOTHING;
+            ON CONFLICT (txn_id, dedup_period) DO NOTHING;
         IF NOT FOUND THEN
             RAISE EXCEPTION 'claim of % lost: another replica decided first', txn
                   USING ERRCODE = 'PA409';

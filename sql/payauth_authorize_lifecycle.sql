@@ -52,6 +52,7 @@ LANGUAGE plpgsql
 AS $$
 #variable_conflict use_column
 DECLARE
+    claim_period date := payauth_claim_period();  -- the claims' period, fenced
     n          integer := coalesce(array_length(p_txn_ids, 1), 0);
     rule       text;
     ids        text[];     -- the batch's distinct accounts, in lock order
@@ -339,7 +340,8 @@ BEGIN
 
     -- The claims and dedup records (with the inputs each decision read).
     INSERT INTO processed_transactions
-           (txn_id, processed_at, result, decline_reason, fingerprint, account_id,
+           (txn_id, dedup_period, processed_at, result, decline_reason, fingerprint,
+            account_id,
             amount, currency, authorization_type, correlation_id, message_id,
             source_topic, source_partition, source_offset, batch_id, input_balance,
             input_status, input_currency, rule_version, original_txn_id, amount_applied,
@@ -347,7 +349,8 @@ BEGIN
             final, input_hold_state, ledger_balance, message_time, card_id,
             merchant_category, merchant_country, input_card_status, input_card_expires,
             input_blocks, input_limits, limit_id)
-    SELECT t.txn, p_processed_at, t.res, t.reason, t.fp, t.acct, t.amt, t.cur, t.kind, t.corr,
+    SELECT t.txn, claim_period, p_processed_at, t.res, t.reason, t.fp, t.acct, t.amt, t.cur,
+           t.kind, t.corr,
            t.msg, p_source_topic, t.part, t.off, p_batch_id, t.bal, t.stat, t.acur, rule,
            t.orig, t.applied, t.forced, NULL, t.bamt, t.bcur, t.pok, t.approved,
            CASE WHEN t.kind = 'CLEARING' THEN coalesce(t.fin, true) END, t.hold,
@@ -372,7 +375,7 @@ BEGIN
                 card, cat, country, cstat, cexp, blocks, lim, ord)
       LEFT JOIN payauth_limits_read(pmsg, plimit, pstart, pmax_amt, pmax_cnt, seen_amt,
                                     seen_cnt) l ON l.ord = t.ord
-        ON CONFLICT (txn_id) DO NOTHING;
+        ON CONFLICT (txn_id, dedup_period) DO NOTHING;
     GET DIAGNOSTICS n_written = ROW_COUNT;
     IF n_written <> n THEN
         RAISE EXCEPTION 'claimed % of %: another replica decided first', n_written, n

@@ -55,6 +55,7 @@ LANGUAGE plpgsql
 AS $$
 #variable_conflict use_column
 DECLARE
+    claim_period date := payauth_claim_period();  -- the claims' period, fenced
     n          integer := coalesce(array_length(p_txn_ids, 1), 0);
     ids        text[];     -- the batch's distinct accounts, in lock order
     bals       numeric[];  -- aligned with ids: the ledger balance; NULL: unknown account
@@ -208,14 +209,16 @@ BEGIN
                  country, ord)
     ), claimed AS (
         INSERT INTO processed_transactions
-               (txn_id, processed_at, result, decline_reason, fingerprint, account_id,
+               (txn_id, dedup_period, processed_at, result, decline_reason, fingerprint,
+                account_id,
                 amount, currency, authorization_type, correlation_id, message_id,
                 source_topic, source_partition, source_offset, batch_id, input_balance,
                 input_status, input_currency, rule_version, billing_amount, billing_currency,
                 partial_ok, amount_approved, ledger_balance, message_time, card_id,
                 merchant_category, merchant_country, input_card_status, input_card_expires,
                 input_blocks, input_limits, limit_id)
-        SELECT i.txn_id, p_processed_at, i.result, i.decline_reason, i.fingerprint,
+        SELECT i.txn_id, claim_period, p_processed_at, i.result, i.decline_reason,
+               i.fingerprint,
                i.account_id, i.amount, i.currency, i.auth_type, i.correlation_id,
                i.message_id, p_source_topic, i.source_partition, i.source_offset, p_batch_id,
                i.input_balance, i.input_status, i.input_currency, rule, i.billing_amount,
@@ -235,7 +238,7 @@ BEGIN
           FROM input i
           LEFT JOIN payauth_limits_read(pmsg, plimit, pstart, pmax_amt, pmax_cnt, seen_amt,
                                         seen_cnt) l ON l.ord = i.ord
-            ON CONFLICT (txn_id) DO NOTHING
+            ON CONFLICT (txn_id, dedup_period) DO NOTHING
         RETURNING 1
     ), ledger AS (
         INSERT INTO ledger_entries (txn_id, account_id, amount, currency, type, created_at,

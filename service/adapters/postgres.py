@@ -42,6 +42,7 @@ from service.adapters.pg_records import (
     stored_from_row,
     with_day,
 )
+from service.adapters.retention import prepare_periods
 from service.core import ports
 from service.core.ports import (
     ClaimLost,
@@ -530,6 +531,15 @@ class PostgresStore:
         except Exception as exc:
             _raise_translated(exc)
         return dict(row) if row else {}
+
+    async def prepare_dedup_periods(self) -> list[str]:
+        """Make the dedup store's partitions of today and the days ahead where missing;
+        return the ones made."""
+        try:
+            async with self._pool.acquire() as conn:
+                return await prepare_periods(conn)
+        except Exception as exc:
+            _raise_translated(exc)
 
     async def dedup_store_size(self) -> tuple[int, int]:
         """The dedup store's rows (PostgreSQL's estimate) and bytes on disk."""

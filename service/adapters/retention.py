@@ -1,8 +1,12 @@
-"""Retention of the PostgreSQL dedup store: delete records older than the window, in bounded
-batches, each its own short transaction (no long locks, no bloat spike), with the spending
-limits' charges kept under them. The ledger is never purged: its unique txn_id stays the
-last guard against a second debit. Run by ``payauth purge`` (``service/ops/purge.py``) and
-by the worker now and then (``PAYAUTH_PURGE_INTERVAL_SECONDS``)."""
+"""Retention of the PostgreSQL dedup store. The store is partitioned by period (a UTC day):
+a period past the window goes whole, its partition dropped (``payauth_dedup_drop_period``:
+no row deleted, no vacuum, no bloat), with the spending limits' charges kept under its
+records. Only what no period holds whole is deleted row by row, in bounded batches, each
+its own short transaction: records an administrator set before their own period, and the
+default partition's. The partitions of the days ahead are made first
+(``payauth_dedup_prepare``). The ledger is never purged: its unique txn_id stays the last
+guard against a second debit. Run by ``payauth purge`` (``service/ops/purge.py``) and by
+the worker now and then (``PAYAUTH_PURGE_INTERVAL_SECONDS``)."""
 
 from __future__ import annotations
 
@@ -29,20 +33,37 @@ DELETE FROM {table}
 """
 
 
-# The dedup records past the window, and the spending limits' charges kept under them
-# (what a reversal of that purchase or hold would give back): a reversal after the window
-# then gives nothing back, which only ever keeps a limit stricter, never looser.
-_DELETE_RECORDS = """
+# Records past the window that no period takes whole, and the spending limits' charges kept
+# under them (what a reversal of that purchase or hold would give back): a reversal after
+# the window then gives nothing back, which only ever keeps a limit stricter, never looser.
+# The records set before their own period (the partial index processed_transactions_set_
+# back_idx holds them, and only them: its predicate is written here the same way)...
+_DELETE_SET_BACK = """
 WITH batch AS (
-    SELECT txn_id FROM processed_transactions
+    SELECT txn_id, dedup_period FROM processed_transactions
      WHERE processed_at < now() - $1::float8 * interval '1 hour'
+       AND processed_at < (dedup_period::timestamp AT TIME ZONE 'UTC')
      ORDER BY processed_at
      LIMIT $2
        FOR UPDATE SKIP LOCKED
 ), charges AS (  -- (a data-modifying WITH runs whether or not it is read)
     DELETE FROM limit_charges c USING batch b WHERE c.txn_id = b.txn_id
 )
-DELETE FROM processed_transactions p USING batch b WHERE p.txn_id = b.txn_id
+DELETE FROM processed_transactions p USING batch b
+ WHERE p.txn_id = b.txn_id AND p.dedup_period = b.dedup_period
+"""
+# ... and the default partition's (kept there for want of their period's partition).
+_DELETE_DEFAULT = """
+WITH batch AS (
+    SELECT txn_id FROM processed_transactions_default
+     WHERE processed_at < now() - $1::float8 * interval '1 hour'
+     ORDER BY processed_at
+     LIMIT $2
+       FOR UPDATE SKIP LOCKED
+), charges AS (
+    DELETE FROM limit_charges c USING batch b WHERE c.txn_id = b.txn_id
+)
+DELETE FROM processed_transactions_default p USING batch b WHERE p.txn_id = b.txn_id
 """
 # Publication receipts of the same age: every record that relied on one is older still
 # (processed before its batch was published), so it has been purged just before.
@@ -62,7 +83,8 @@ async def purge(
     max_batches: int | None = None,
     pause_seconds: float = 0.0,
 ) -> int:
-    """Delete expired dedup records; return how many. Safe to run from several places."""
+    """Purge the dedup records older than the window; return how many went. Safe to run
+    from several places."""
     if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", _PURGE_LOCK):
         log.info("purge_skipped", reason="another purge is running")
         return 0
@@ -86,14 +108,48 @@ async def purge(
         return total
 
     try:
-        total = await delete_expired(_DELETE_RECORDS, "processed_transactions", pause_seconds)
+        await prepare_periods(conn)
+        dropped = await _drop_expired_periods(conn, retention_hours)
+        total = dropped + await delete_expired(_DELETE_SET_BACK, "processed_transactions",
+                                               pause_seconds)
+        total += await delete_expired(_DELETE_DEFAULT, "processed_transactions_default",
+                                      pause_seconds)
         receipts = await delete_expired(_DELETE_RECEIPTS, "published_batches", 0.0)
         await delete_expired(_DELETE_SIGHTINGS, "duplicate_sightings", 0.0)
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1)", _PURGE_LOCK)
-    log.info("purge_done", deleted=total, receipts_deleted=receipts, batches=batches,
+    log.info("purge_done", deleted=total, dropped_with_their_periods=dropped,
+             receipts_deleted=receipts, batches=batches,
              seconds=round(time.monotonic() - started, 3), retention_hours=retention_hours)
     return total
+
+
+async def prepare_periods(
+        conn: asyncpg.Connection | asyncpg.pool.PoolConnectionProxy) -> list[str]:
+    """Make the dedup store's partitions of today and the days ahead where missing; return
+    the ones made."""
+    made = [r[0] for r in await conn.fetch("SELECT * FROM payauth_dedup_prepare()")]
+    if made:
+        log.info("dedup_periods_made", partitions=made)
+    return made
+
+
+async def _drop_expired_periods(conn: asyncpg.Connection, retention_hours: float) -> int:
+    """Drop every period past the window, oldest first, one a transaction; return the
+    records that went with them. A drop that waited its lock_timeout out (claims held the
+    table all along) is left to the next purge."""
+    total = 0
+    while True:
+        try:
+            row = await conn.fetchrow("SELECT * FROM payauth_dedup_drop_period($1)",
+                                      retention_hours)
+        except asyncpg.LockNotAvailableError:
+            log.warning("purge_period_deferred", reason="the store stayed busy for 1 s")
+            return total
+        if row is None:
+            return total
+        total += row["records"]
+        log.info("purge_period_dropped", partition=row["part"], records=row["records"])
 
 
 async def purge_once(dsn: str, *, retention_hours: float, batch_size: int = 5_000,

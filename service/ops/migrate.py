@@ -15,6 +15,8 @@ Two kinds of SQL, applied in this order:
    see the old set of rules or the new one, never a mix.
 
 So a rule has one home, its file, and a change to it is a change to that file alone.
+
+Then the dedup store's partitions of today and the days ahead are made where missing.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from pathlib import Path
 import asyncpg
 import structlog
 
+from service.adapters.retention import prepare_periods
 from service.config import Settings
 
 log = structlog.get_logger(__name__)
@@ -133,11 +136,22 @@ async def migrate(dsn: str, directory: Path = MIGRATIONS_DIR,
                     )
                 log.info("migration_applied", version=path.name)
                 applied.append(path.name)
-            return Applied(applied, await _define(conn, defined, everything=bool(applied)))
+            result = Applied(applied, await _define(conn, defined, everything=bool(applied)))
+            await _prepare_dedup_periods(conn)
+            return result
         finally:
             await conn.execute("SELECT pg_advisory_unlock($1)", _LOCK_KEY)
     finally:
         await conn.close()
+
+
+async def _prepare_dedup_periods(conn: asyncpg.Connection) -> None:
+    """Make the dedup store's partitions of today and the days ahead where missing (the
+    workers and the purge make them too): a store just made or upgraded takes claims in a
+    partition of their own day at once. (A migration directory of another version may
+    not define the function.)"""
+    if await conn.fetchval("SELECT to_regprocedure('payauth_dedup_prepare(integer)')"):
+        await prepare_periods(conn)
 
 
 async def _define(conn: asyncpg.Connection, files: list[Path], *, everything: bool

@@ -1,6 +1,6 @@
 """What the worker's gauges ``payauth_dedup_records`` and ``payauth_dedup_store_bytes`` read
 (``PostgresStore.dedup_store_size``): the rows of a table never analyzed counted exactly,
-PostgreSQL's estimate once it is, and the bytes with the indexes."""
+PostgreSQL's estimate once it is, and the bytes with the indexes, of every partition."""
 
 from __future__ import annotations
 
@@ -30,9 +30,9 @@ def test_the_store_size_counts_a_young_table_then_reads_the_estimate(env: stack.
             await store.close()
 
     empty, young, analyzed = asyncio.run(scenario())
-    [sizes] = stack.fetch(env.dsn, "SELECT count(*) AS n, pg_total_relation_size("
-                                   "'processed_transactions') AS bytes "
-                                   "FROM processed_transactions")
+    [sizes] = stack.fetch(env.dsn, "SELECT (SELECT count(*) FROM processed_transactions) AS n,"
+                                   " sum(pg_total_relation_size(relid)) AS bytes"
+                                   " FROM pg_partition_tree('processed_transactions')")
     assert empty[0] == 0
     assert young[0] == sizes["n"] == 40  # never analyzed: counted
     assert analyzed == (40, sizes["bytes"])  # the statistics' estimate, exact for 40 rows

@@ -15,33 +15,14 @@ from collections.abc import Awaitable, Callable
 from decimal import Decimal
 from typing import Any, TypeVar
 
-import asyncpg
-
 from service.adapters.postgres import PostgresStore
 from service.domain.messages import Authorization, decode_authorization
 from service.ops import cards, limits
 from tests.support import stack
 from tests.support.factory import auth_message, authorization, encode
+from tests.support.held_open import HeldOpenStore
 
 T = TypeVar("T")
-
-
-class HeldOpenStore(PostgresStore):
-    """Decides its batch inside a transaction it keeps open until ``release`` is set (the
-    batch's account locks held, its writes not yet seen by anybody), then commits."""
-
-    def __init__(self, pool: asyncpg.Pool, limits_timezone: str = "UTC") -> None:
-        super().__init__(pool, limits_timezone)
-        self.decided = asyncio.Event()
-        self.release = asyncio.Event()
-
-    async def _call_authorize(self, statement: str, args: tuple[Any, ...]
-                              ) -> list[asyncpg.Record]:
-        async with self._pool.acquire() as conn, conn.transaction():
-            rows = await conn.fetch(statement, *args)
-            self.decided.set()
-            await self.release.wait()
-            return rows
 
 
 def _decided_while_the_other_waits(env: stack.Env, held: Authorization,

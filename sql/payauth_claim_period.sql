@@ -1,0 +1,59 @@
+-- payauth_claim_period: the period this transaction claims its transaction_ids in, behind
+-- the fence that keeps a transaction_id to one decision across a period's end.
+--
+-- Within a period, the primary key (txn_id, dedup_period) is the claim: an INSERT of a key
+-- another open transaction inserted waits for it, then conflicts. Across periods no index
+-- sees both rows, so two replicas deciding one transaction_id at once, one just before a
+-- period's end and one just after, would both claim it. The fence orders them instead:
+--
+-- 1. A claim reads the clock (payauth_dedup_clock), takes a shared transaction lock on its
+--    period, and reads the clock again: a claim whose period ended meanwhile (it straddled
+--    the end) is refused with SQLSTATE 40001 and retried, in the next period. So every
+--    claim that goes on took its lock before its period ended.
+-- 2. A claim in period P waits, once per connection, until no claim holds period P-1's lock
+--    (an exclusive lock taken and let go at once): every claim of P-1 that goes on took its
+--    lock before P began, hence before this wait, and is committed or rolled back when it
+--    ends. A claim of P-1 never waits for one of P, so they never deadlock.
+-- 3. The caller then probes period P-1 for its keys (payauth_authorize): a record a claim of
+--    P-1 committed after the caller's lookup is found there, and the claim is lost (PA409).
+--
+-- Called first by payauth_authorize, before any row lock (a claim of P-1 it waits for may
+-- be waiting for an account); a second call in the same transaction answers the same
+-- period. A transaction is assumed to take less than a period (a day) from its fence to
+-- its commit: the worker's statement_timeout bounds it far below.
+CREATE OR REPLACE FUNCTION payauth_claim_period() RETURNS date
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    fenced text := current_setting('payauth.claim_period', true);
+    period date;
+    fence  constant integer := 1885436260;  -- "payd": the lock's class, any constant
+    epoch  constant date := DATE '2000-01-01';
+BEGIN
+    IF fenced <> '' THEN
+        RETURN fenced::date;
+    END IF;
+    period := payauth_dedup_period(payauth_dedup_clock());
+    PERFORM pg_advisory_xact_lock_shared(fence, period - epoch);
+    IF payauth_dedup_period(payauth_dedup_clock()) <> period THEN
+        RAISE EXCEPTION 'a claim straddled the end of the dedup period %', period
+              USING ERRCODE = '40001', HINT = 'retried, in the next period';
+    END IF;
+    IF current_setting('payauth.closed_period', true) IS DISTINCT FROM (period - 1)::text THEN
+        -- (A session lock, let go at once; a cancelled wait must not leave it held.)
+        BEGIN
+            PERFORM pg_advisory_lock(fence, period - 1 - epoch);
+            PERFORM pg_advisory_unlock(fence, period - 1 - epoch);
+        EXCEPTION WHEN query_canceled THEN
+            PERFORM pg_advisory_unlock(fence, period - 1 - epoch);
+            RAISE;
+        END;
+        PERFORM set_config('payauth.closed_period', (period - 1)::text, false);
+    END IF;
+    PERFORM set_config('payauth.claim_period', period::text, true);
+    RETURN period;
+END
+$$;
+
+REVOKE ALL ON FUNCTION payauth_claim_period FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION payauth_claim_period TO payauth_worker;

@@ -1,0 +1,62 @@
+-- payauth_dedup_drop_period: drop the oldest partition of the dedup store whose whole
+-- period is past the retention window (p_retention_hours) and that keeps no record within
+-- it (an administrator may have set one's processed_at later), with the spending limits'
+-- charges kept under its records (what a reversal of one would give back: after the window
+-- it gives nothing back, which only ever keeps a limit stricter). One period a call, each
+-- in its own transaction (`payauth purge` calls it until it answers nothing); returns the
+-- partition dropped and how many records went with it, or no row.
+--
+-- Never the period under way, the ones ahead or the default partition. Dropping a
+-- partition takes ACCESS EXCLUSIVE on the table for a moment (the claims under way finish
+-- first, the next ones wait); no longer than lock_timeout (1 s), or the drop is left to the
+-- next purge. Security definer: the worker's role purges without owning the table.
+CREATE OR REPLACE FUNCTION payauth_dedup_drop_period(p_retention_hours float8)
+RETURNS TABLE (part text, records bigint)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    cutoff timestamptz := payauth_dedup_clock() - p_retention_hours * interval '1 hour';
+    victim text;
+    kept   boolean;
+    n      bigint;
+BEGIN
+    IF p_retention_hours IS NULL OR p_retention_hours <= 0 THEN
+        RAISE EXCEPTION 'payauth_dedup_drop_period: the window must be above 0 hours, not %',
+                        p_retention_hours;
+    END IF;
+    FOR victim IN
+        SELECT b.name
+          FROM (SELECT c.relname::text AS name,
+                       substring(pg_get_expr(c.relpartbound, c.oid)
+                                 FROM 'TO \(''([0-9-]+)''\)')::date AS upper
+                  FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+                 WHERE i.inhparent = 'processed_transactions'::regclass) b
+         WHERE b.upper IS NOT NULL  -- (the default partition has no bound)
+           AND (b.upper::timestamp AT TIME ZONE 'UTC') <= cutoff
+         ORDER BY b.upper
+    LOOP
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I WHERE processed_at >= $1)', victim)
+           INTO kept USING cutoff;
+        CONTINUE WHEN kept;
+        EXECUTE format('SELECT count(*) FROM %I', victim) INTO n;
+        EXECUTE format('DELETE FROM limit_charges c USING %I p WHERE c.txn_id = p.txn_id',
+                       victim);
+        PERFORM set_config('lock_timeout', '1s', true);
+        LOCK TABLE processed_transactions IN ACCESS EXCLUSIVE MODE;
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I WHERE processed_at >= $1)', victim)
+           INTO kept USING cutoff;
+        IF kept THEN  -- (set within the window meanwhile: the charges are kept too)
+            RAISE EXCEPTION 'payauth_dedup_drop_period: % gained a record within the window',
+                            victim USING ERRCODE = '40001';
+        END IF;
+        EXECUTE format('DROP TABLE %I', victim);
+        part := victim; records := n;
+        RETURN NEXT;
+        RETURN;
+    END LOOP;
+END
+$$;
+
+REVOKE ALL ON FUNCTION payauth_dedup_drop_period FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION payauth_dedup_drop_period TO payauth_worker;

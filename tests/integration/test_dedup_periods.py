@@ -1,0 +1,335 @@
+"""The dedup store partitioned by period (migrations/018_dedup_store_by_period.sql): each
+rule across a period's end, with the store's clock (``payauth_dedup_clock``) set in the
+test's own database. A duplicate and a conflict whose record is in the period before,
+through the broker; two replicas claiming one transaction_id at once on either side of
+the end, and a claim that straddles it (sql/payauth_claim_period.sql); the partitions made
+ahead, and a record made before them moved into its own; the purge dropping whole periods
+and deleting only what an administrator set back; the upgrade from the table of before."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import UTC, datetime, time, timedelta
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+
+from service.adapters import retention
+from service.adapters.postgres import ClaimLost, PostgresStore
+from service.core.ports import TransientError
+from service.domain.messages import Authorization
+from service.ops.migrate import MIGRATIONS_DIR, migrate
+from tests.support import stack
+from tests.support.factory import auth_message, authorization, encode
+from tests.support.held_open import HeldOpenStore
+from tests.support.workers import wait_until
+
+TODAY = datetime.now(UTC).date()
+FENCE = 1885436260  # payauth_claim_period's lock class
+EPOCH = datetime(2000, 1, 1, tzinfo=UTC).date()
+
+
+def _stop_the_clock(dsn: str) -> None:
+    """The store's clock read from a table of this database (NULL: the server's)."""
+    for statement in (
+            "CREATE TABLE test_clock (at timestamptz)",
+            "INSERT INTO test_clock VALUES (NULL)",
+            "GRANT SELECT ON test_clock TO payauth_worker",
+            "CREATE OR REPLACE FUNCTION payauth_dedup_clock() RETURNS timestamptz "
+            "LANGUAGE sql VOLATILE "
+            "AS $$ SELECT coalesce((SELECT at FROM test_clock), clock_timestamp()) $$"):
+        stack.fetch(dsn, statement)
+
+
+def _set_clock(dsn: str, at: datetime | None) -> None:
+    stack.fetch(dsn, "UPDATE test_clock SET at = $1", at)
+
+
+async def _clock_to(dsn: str, at: datetime) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute("UPDATE test_clock SET at = $1", at)
+    finally:
+        await conn.close()
+
+
+def _at(day_offset: int, hh: int, mm: int, ss: int, micro: int = 0) -> datetime:
+    return datetime.combine(TODAY + timedelta(days=day_offset), time(hh, mm, ss, micro),
+                            tzinfo=UTC)
+
+
+def _records(dsn: str, txn: str) -> list[Any]:
+    return stack.fetch(dsn, "SELECT dedup_period, tableoid::regclass::text AS part, "
+                            "fingerprint FROM processed_transactions WHERE txn_id = $1", txn)
+
+
+def _decide(dsn: str, batch: list[Authorization]) -> list[Any]:
+    async def go() -> list[Any]:
+        store = await PostgresStore.connect(dsn)
+        try:
+            return await stack.authorize_in_order(store, batch)
+        finally:
+            await store.close()
+    return asyncio.run(go())
+
+
+# ------------------------------------------------------------------ claims across an end
+def test_two_claims_on_either_side_of_a_periods_end_yield_one_decision(env: stack.Env) -> None:
+    """1. A batch claims X at 23:59:59.5 and stays open. 2. At 00:00:00.5 another batch
+    claims X: it waits for the first (the fence), then finds X in the period before and
+    loses its claim. One record. (X's account is unknown: no row lock serializes them.)"""
+    _stop_the_clock(env.dsn)
+    x = authorization(f"EDGE-{uuid.uuid4().hex[:6]}", "NO-SUCH-ACCOUNT", "5.00")
+
+    async def scenario() -> Any:
+        holding = await HeldOpenStore.connect(env.dsn)
+        other = await PostgresStore.connect(env.dsn)
+        try:
+            await _clock_to(env.dsn, _at(0, 23, 59, 59, 500_000))
+            first = asyncio.create_task(holding.authorize(
+                [x], source_topic="t", source_partitions=[0], source_offsets=[0]))
+            await asyncio.wait_for(holding.decided.wait(), 10)
+            await _clock_to(env.dsn, _at(1, 0, 0, 0, 500_000))
+            second = asyncio.create_task(other.authorize(
+                [x], source_topic="t", source_partitions=[1], source_offsets=[0]))
+            await stack.until_a_lock_is_awaited(env.dsn)  # the fence holds the second
+            assert not second.done()
+            holding.release.set()
+            await first
+            with pytest.raises(ClaimLost):
+                await second
+        finally:
+            await holding.close()
+            await other.close()
+
+    asyncio.run(scenario())
+    assert [r["dedup_period"] for r in _records(env.dsn, x.transaction_id)] == [TODAY]
+
+
+def test_a_claim_that_straddles_a_periods_end_is_refused_and_retried_in_the_next(
+        env: stack.Env) -> None:
+    """A claim reads 23:59:59 and waits for its period's lock (an exclusive one held here);
+    by the time it has it the period has ended: refused as a transient error, nothing
+    written; decided again, it claims in the next period."""
+    _stop_the_clock(env.dsn)
+    asyncio.run(stack.seed_accounts(env.dsn, [("EDGE-ACC", "100.00", "EUR")]))
+    x = authorization(f"EDGE-{uuid.uuid4().hex[:6]}", "EDGE-ACC", "5.00")
+
+    async def scenario() -> None:
+        blocker = await asyncpg.connect(env.dsn)
+        store = await PostgresStore.connect(env.dsn)
+        try:
+            await blocker.execute("SELECT pg_advisory_lock($1, $2)", FENCE,
+                                  (TODAY - EPOCH).days)
+            await _clock_to(env.dsn, _at(0, 23, 59, 59))
+            claim = asyncio.create_task(store.authorize(
+                [x], source_topic="t", source_partitions=[0], source_offsets=[0]))
+            await stack.until_a_lock_is_awaited(env.dsn)
+            await _clock_to(env.dsn, _at(1, 0, 0, 1))
+            await blocker.execute("SELECT pg_advisory_unlock($1, $2)", FENCE,
+                                  (TODAY - EPOCH).days)
+            with pytest.raises(TransientError) as refused:
+                await claim
+            assert "straddled the end of the dedup period" in str(refused.value.__cause__)
+            assert not await blocker.fetch(
+                "SELECT 1 FROM processed_transactions WHERE txn_id = $1", x.transaction_id)
+            await store.authorize([x], source_topic="t", source_partitions=[0],
+                                  source_offsets=[0])
+        finally:
+            await blocker.close()
+            await store.close()
+
+    asyncio.run(scenario())
+    assert [r["dedup_period"] for r in _records(env.dsn, x.transaction_id)] == \
+        [TODAY + timedelta(days=1)]
+    [balance] = stack.fetch(env.dsn, "SELECT balance FROM accounts")
+    assert str(balance["balance"]) == "95.00"
+
+
+def test_a_duplicate_and_a_conflict_in_the_next_period_through_the_broker(
+        env: stack.Env, spawn_worker) -> None:
+    """X approved on day 0; on day 1 (the worker without Redis: the store answers) X again
+    is a duplicate, seen by PostgreSQL, and X with another amount a conflict,
+    dead-lettered: one record, in day 0's partition, one event, one debit."""
+    _stop_the_clock(env.dsn)
+    asyncio.run(stack.seed_accounts(env.dsn, [("EDGE-ACC", "100.00", "EUR")]))
+    txn = f"EDGE-{uuid.uuid4().hex[:6]}"
+    _set_clock(env.dsn, _at(0, 12, 0, 0))
+    worker = spawn_worker(env, PAYAUTH_REDIS_URL=f"redis://127.0.0.1:{stack.free_port()}/0")
+    stack.produce(env.input_topic, [
+        (txn, encode(auth_message(txn, account_id="EDGE-ACC", amount="10.00")))])
+    [first] = stack.events_of(stack.read_topic(env.output_topic, expect=1))
+    _set_clock(env.dsn, _at(1, 12, 0, 0))
+    stack.produce(env.input_topic, [
+        (txn, encode(auth_message(txn, account_id="EDGE-ACC", amount="10.00"))),
+        (txn, encode(auth_message(txn, account_id="EDGE-ACC", amount="99.00")))])
+    [dead] = stack.read_topic(env.dlq_topic, expect=1)
+    sightings = wait_until(lambda: stack.fetch(
+        env.dsn, "SELECT layer FROM duplicate_sightings WHERE $1 = ANY(txn_ids)", txn),
+        30, "the duplicate seen")
+    assert worker.terminate() == 0
+
+    assert [r["layer"] for r in sightings] == ["postgres"]
+    assert dict(dead.headers())["error.reason"] == b"IDEMPOTENCY_KEY_CONFLICT"
+    assert [e["event_id"] for e in stack.events_of(stack.read_topic(env.output_topic))] == \
+        [first["event_id"]]
+    assert [r["part"] for r in _records(env.dsn, txn)] == \
+        [f"processed_transactions_{TODAY:%Y%m%d}"]
+    [balance] = stack.fetch(env.dsn, "SELECT balance FROM accounts")
+    assert str(balance["balance"]) == "90.00"
+
+
+# ------------------------------------------------------------------ the periods ahead
+def test_the_periods_ahead_are_made_and_a_record_made_before_its_period_moves_in(
+        env: stack.Env) -> None:
+    """The migration made today and two days ahead. On day 5 (none made), a claim goes to
+    the default partition; preparing makes days 5 to 7 and moves it into day 5's."""
+    parts = {r["p"] for r in stack.fetch(
+        env.dsn, "SELECT relid::regclass::text AS p FROM pg_partition_tree("
+                 "'processed_transactions') WHERE isleaf")}
+    assert {f"processed_transactions_{TODAY + timedelta(days=d):%Y%m%d}" for d in range(3)} \
+        | {"processed_transactions_default"} == parts
+    _stop_the_clock(env.dsn)
+    _set_clock(env.dsn, _at(5, 8, 0, 0))
+    x = authorization(f"AHEAD-{uuid.uuid4().hex[:6]}", "NO-SUCH-ACCOUNT", "5.00")
+    _decide(env.dsn, [x])
+    assert [r["part"] for r in _records(env.dsn, x.transaction_id)] == \
+        ["processed_transactions_default"]
+
+    async def prepare() -> list[str]:
+        store = await PostgresStore.connect(env.dsn)
+        try:
+            return await store.prepare_dedup_periods()
+        finally:
+            await store.close()
+
+    day5 = f"processed_transactions_{TODAY + timedelta(days=5):%Y%m%d}"
+    assert asyncio.run(prepare())[0] == day5
+    assert [r["part"] for r in _records(env.dsn, x.transaction_id)] == [day5]
+    assert asyncio.run(prepare()) == []  # made once
+
+
+# ------------------------------------------------------------------ the purge
+def _purge(dsn: str, hours: float = 72) -> int:
+    async def go() -> int:
+        conn = await asyncpg.connect(dsn)
+        try:
+            return await retention.purge(conn, retention_hours=hours)
+        finally:
+            await conn.close()
+    return asyncio.run(go())
+
+
+def test_the_purge_drops_whole_periods_and_deletes_only_what_was_set_back(
+        env: stack.Env) -> None:
+    """Days -5 and -4 hold two records each, day -1 one, today two (one of them set back
+    100 days by an administrator, still a duplicate until the purge). With a 72 h window
+    the purge drops days -5 and -4 whole (their partitions gone, with the limits' charges
+    under their records), deletes the set-back record, and keeps the rest."""
+    _stop_the_clock(env.dsn)
+    placed: dict[int, list[str]] = {}
+    for day in (-5, -4, -1, 0):
+        _set_clock(env.dsn, _at(day, 10, 0, 0))
+        asyncio.run(_prepare_here(env.dsn))
+        batch = [authorization(f"P{day}-{i}-{uuid.uuid4().hex[:4]}", "NO-SUCH-ACCOUNT",
+                               "1.00") for i in range(1 if day == -1 else 2)]
+        _decide(env.dsn, batch)
+        placed[day] = [a.transaction_id for a in batch]
+        # (Decided "then": each record's time within its own day.)
+        stack.fetch(env.dsn, "UPDATE processed_transactions SET processed_at = $1 "
+                             "WHERE txn_id = ANY($2)", _at(day, 10, 0, 0), placed[day])
+    _set_clock(env.dsn, None)
+    charged = [placed[-5][0], placed[0][0]]
+    stack.fetch(env.dsn, "INSERT INTO limit_charges (txn_id, charged_by, limit_id, "
+                         "period_start, amount, count) "
+                         "SELECT t, t, 'L', current_date, 1, 1 FROM unnest($1::text[]) t",
+                charged)
+    set_back = placed[0][1]
+    stack.fetch(env.dsn, "UPDATE processed_transactions SET processed_at = now() - "
+                         "interval '100 days' WHERE txn_id = $1", set_back)
+
+    async def still_a_duplicate() -> bool:
+        store = await PostgresStore.connect(env.dsn)
+        try:
+            return set_back in await store.load_stored([set_back])
+        finally:
+            await store.close()
+
+    assert asyncio.run(still_a_duplicate())
+    assert _purge(env.dsn) == 5
+    left = {r["txn_id"] for r in stack.fetch(env.dsn,
+                                             "SELECT txn_id FROM processed_transactions")}
+    assert left == {*placed[-1], placed[0][0]}
+    for day in (-5, -4):
+        assert stack.fetch(env.dsn, "SELECT to_regclass($1) AS r",
+                           f"processed_transactions_{TODAY + timedelta(days=day):%Y%m%d}"
+                           )[0]["r"] is None
+    assert [r["txn_id"] for r in stack.fetch(env.dsn, "SELECT txn_id FROM limit_charges")] \
+        == [placed[0][0]]
+    assert _purge(env.dsn) == 0
+
+
+async def _prepare_here(dsn: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await retention.prepare_periods(conn)
+    finally:
+        await conn.close()
+
+
+# ------------------------------------------------------------------ the upgrade
+def test_the_upgrade_keeps_every_record_and_each_still_guards(live_stack: None,
+                                                              tmp_path: Path) -> None:
+    """A store at migration 017 with records (one of each day of the last three); then the
+    upgrade: every record kept, field for field, in the partition of the periods before;
+    each still a duplicate, and a claim of one that a stale lookup missed is lost."""
+    older, no_definitions = tmp_path / "older", tmp_path / "sql"
+    older.mkdir()
+    no_definitions.mkdir()
+    (no_definitions / "ORDER").write_text("")
+    for path in sorted(MIGRATIONS_DIR.glob("*.sql")):
+        if path.name < "018":
+            (older / path.name).write_text(path.read_text())
+    database = f"payauth_t_{uuid.uuid4().hex[:10]}"
+
+    async def scenario() -> None:
+        admin = await asyncpg.connect(stack.ENDPOINTS.pg_admin_dsn)
+        await admin.execute(f'CREATE DATABASE "{database}"')
+        await admin.close()
+        dsn = stack.dsn_for(database)
+        await migrate(dsn, older, no_definitions)
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.execute(
+                "INSERT INTO processed_transactions (txn_id, processed_at, result, "
+                "fingerprint, account_id, amount, currency, authorization_type) "
+                "SELECT 'OLD-' || d, now() - d * interval '1 day', 'APPROVED', 'fp' || d, "
+                "'ACC', d + 1, 'EUR', 'PURCHASE' FROM generate_series(0, 2) AS d")
+            before = [dict(r) for r in await conn.fetch(
+                "SELECT * FROM processed_transactions ORDER BY txn_id")]
+            await migrate(dsn)
+            after = [dict(r) for r in await conn.fetch(
+                "SELECT *, tableoid::regclass::text AS part FROM processed_transactions "
+                "ORDER BY txn_id")]
+            assert [r.pop("part") for r in after] == ["processed_transactions_before_periods"] * 3
+            assert [r.pop("dedup_period") for r in after] == [TODAY - timedelta(days=1)] * 3
+            assert after == before
+            store = await PostgresStore.connect(dsn)
+            try:
+                assert set(await store.load_stored(["OLD-0", "OLD-2"])) == {"OLD-0", "OLD-2"}
+                with pytest.raises(ClaimLost):  # its lookup made before the upgrade
+                    await store.authorize([authorization("OLD-1", "ACC", "2")],
+                                          source_topic="t", source_partitions=[0],
+                                          source_offsets=[0])
+            finally:
+                await store.close()
+        finally:
+            await conn.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        asyncio.run(stack.drop_database(database))
