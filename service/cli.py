@@ -307,9 +307,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="FILE", help="with --shadow: the report as JSON too")
     p.set_defaults(func=_cmd_replay)
 
-    p = sub.add_parser("purge", help="delete dedup records older than the retention window")
+    p = sub.add_parser("purge", help="remove dedup records older than the retention window: "
+                                      "whole days dropped, the rest row by row")
     p.add_argument("--batch-size", type=flags.whole(1, "a batch size (1 or more)"),
-                   default=5000)
+                   default=5000, help="rows a batch, where records go row by row")
     p.add_argument("--pause", type=flags.seconds, default=0.05, help="seconds between batches")
     p.set_defaults(func=_cmd_purge)
 
