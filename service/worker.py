@@ -292,13 +292,16 @@ async def _heartbeat(
         await asyncio.sleep(2)
 
 
-async def _prepare_dedup_periods(store: PostgresStore, every_seconds: float = 3_600) -> None:
-    """The dedup store's partitions of today and the days ahead, made at start and then
-    every hour, whether or not this worker purges: a claim never waits for one. (Claims
-    made without it go to the default partition, and move to their day's as it is made.)"""
+async def _prepare_dedup_periods(store: PostgresStore) -> None:
+    """The dedup store's partitions of the period under way and the ones ahead, made at
+    start and then every quarter of a period (at most hourly), whether or not this worker
+    purges: a claim never waits for one. (Claims made without it go to the default
+    partition, and move to their period's as it is made.)"""
+    every_seconds = 3_600.0
     while True:
         try:
-            await store.prepare_dedup_periods()
+            _, period_seconds = await store.prepare_dedup_periods()
+            every_seconds = min(3_600.0, period_seconds / 4)
         except Exception as exc:  # housekeeping: never stop the worker for it
             log.warning("dedup_periods_failed", error=str(exc)[:300])
         await asyncio.sleep(every_seconds)

@@ -91,7 +91,7 @@ AS $$
 DECLARE
     n            integer := coalesce(array_length(p_txn_ids, 1), 0);
     route        text;
-    claim_period date;
+    claim_period timestamptz;
 BEGIN
     IF n = 0 THEN
         RETURN;
@@ -99,7 +99,10 @@ BEGIN
 
     claim_period := payauth_claim_period();
     IF EXISTS (SELECT 1 FROM processed_transactions p
-                WHERE p.dedup_period = claim_period - 1 AND p.txn_id = ANY(p_txn_ids)) THEN
+                WHERE p.dedup_period >= payauth_dedup_period(claim_period
+                                                             - interval '1 microsecond')
+                  AND p.dedup_period < claim_period
+                  AND p.txn_id = ANY(p_txn_ids)) THEN
         RAISE EXCEPTION 'a claim of the period before % decided one of the batch first',
                         claim_period
               USING ERRCODE = 'PA409';

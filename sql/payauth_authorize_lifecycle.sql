@@ -52,7 +52,7 @@ LANGUAGE plpgsql
 AS $$
 #variable_conflict use_column
 DECLARE
-    claim_period date := payauth_claim_period();  -- the claims' period, fenced
+    claim_period timestamptz := payauth_claim_period();  -- the claims' period, fenced
     n          integer := coalesce(array_length(p_txn_ids, 1), 0);
     rule       text;
     ids        text[];     -- the batch's distinct accounts, in lock order

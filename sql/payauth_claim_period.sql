@@ -19,36 +19,39 @@
 --
 -- Called first by payauth_authorize, before any row lock (a claim of P-1 it waits for may
 -- be waiting for an account); a second call in the same transaction answers the same
--- period. A transaction is assumed to take less than a period (a day) from its fence to
--- its commit: the worker's statement_timeout bounds it far below.
-CREATE OR REPLACE FUNCTION payauth_claim_period() RETURNS date
+-- period. A transaction is assumed to take less than a period from its fence to
+-- its commit: the worker's statement_timeout bounds it far below. (The period's text, kept
+-- in the transaction's setting, is read back in the session's time zone, the same one.)
+CREATE OR REPLACE FUNCTION payauth_claim_period() RETURNS timestamptz
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    fenced text := current_setting('payauth.claim_period', true);
-    period date;
-    fence  constant integer := 1885436260;  -- "payd": the lock's class, any constant
-    epoch  constant date := DATE '2000-01-01';
+    fenced   text := current_setting('payauth.claim_period', true);
+    period   timestamptz;
+    previous timestamptz;
+    -- A period's lock: "payd" in the high half, the period's start (epoch seconds) below.
+    fence    constant bigint := 1885436260::bigint << 32;
 BEGIN
     IF fenced <> '' THEN
-        RETURN fenced::date;
+        RETURN fenced::timestamptz;
     END IF;
     period := payauth_dedup_period(payauth_dedup_clock());
-    PERFORM pg_advisory_xact_lock_shared(fence, period - epoch);
+    PERFORM pg_advisory_xact_lock_shared(fence + extract(epoch FROM period)::bigint);
     IF payauth_dedup_period(payauth_dedup_clock()) <> period THEN
-        RAISE EXCEPTION 'a claim straddled the end of the dedup period %', period
+        RAISE EXCEPTION 'a claim straddled the end of the dedup period of %', period
               USING ERRCODE = '40001', HINT = 'retried, in the next period';
     END IF;
-    IF current_setting('payauth.closed_period', true) IS DISTINCT FROM (period - 1)::text THEN
+    previous := payauth_dedup_period(period - interval '1 microsecond');
+    IF current_setting('payauth.closed_period', true) IS DISTINCT FROM previous::text THEN
         -- (A session lock, let go at once; a cancelled wait must not leave it held.)
         BEGIN
-            PERFORM pg_advisory_lock(fence, period - 1 - epoch);
-            PERFORM pg_advisory_unlock(fence, period - 1 - epoch);
+            PERFORM pg_advisory_lock(fence + extract(epoch FROM previous)::bigint);
+            PERFORM pg_advisory_unlock(fence + extract(epoch FROM previous)::bigint);
         EXCEPTION WHEN query_canceled THEN
-            PERFORM pg_advisory_unlock(fence, period - 1 - epoch);
+            PERFORM pg_advisory_unlock(fence + extract(epoch FROM previous)::bigint);
             RAISE;
         END;
-        PERFORM set_config('payauth.closed_period', (period - 1)::text, false);
+        PERFORM set_config('payauth.closed_period', previous::text, false);
     END IF;
     PERFORM set_config('payauth.claim_period', period::text, true);
     RETURN period;

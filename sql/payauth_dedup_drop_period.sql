@@ -29,11 +29,11 @@ BEGIN
         SELECT b.name
           FROM (SELECT c.relname::text AS name,
                        substring(pg_get_expr(c.relpartbound, c.oid)
-                                 FROM 'TO \(''([0-9-]+)''\)')::date AS upper
+                                 FROM 'TO \(''([^'']+)''\)')::timestamptz AS upper
                   FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
                  WHERE i.inhparent = 'processed_transactions'::regclass) b
          WHERE b.upper IS NOT NULL  -- (the default partition has no bound)
-           AND (b.upper::timestamp AT TIME ZONE 'UTC') <= cutoff
+           AND b.upper <= cutoff
          ORDER BY b.upper
     LOOP
         EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I WHERE processed_at >= $1)', victim)

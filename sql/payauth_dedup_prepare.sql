@@ -1,8 +1,9 @@
--- payauth_dedup_prepare: make the dedup store's partitions of the period under way and of
--- the p_ahead periods after it, where missing, before any claim needs them (called by
--- `payauth migrate`, by every worker as it starts and by every purge). A record that went
--- to the default partition for want of its period's partition (the periods were not made
--- in time) is moved into it as it is made. Returns the partitions it made.
+-- payauth_dedup_prepare: make the dedup store's partitions of the period under way and of the
+-- periods after it, where missing, before any claim needs them: p_ahead periods, and at least
+-- an hour's (called by `payauth migrate`, by every worker as it starts and then every quarter
+-- of a period, at most hourly, and by every purge). A record that went to the default
+-- partition for want of its period's partition (none was made in time) is moved into it as
+-- it is made. Returns the partitions it made.
 --
 -- Security definer: the worker's role makes them without owning the table. A partition is
 -- made beside the table and attached (SHARE UPDATE EXCLUSIVE on the table: claims go on
@@ -12,24 +13,30 @@ RETURNS SETOF text
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
 AS $$
 DECLARE
-    today date := payauth_dedup_period(payauth_dedup_clock());
-    day   date;
-    part  text;
+    length interval := (SELECT make_interval(secs => period_seconds) FROM dedup_store);
+    start  timestamptz := payauth_dedup_period(payauth_dedup_clock());
+    ahead  integer;
+    part   text;
 BEGIN
     IF p_ahead IS NULL OR p_ahead < 0 THEN
         RAISE EXCEPTION 'payauth_dedup_prepare: p_ahead must be 0 or more, not %', p_ahead;
     END IF;
-    PERFORM pg_advisory_xact_lock(1885436260, -1);  -- one maker at a time ("payd", -1)
-    FOR day IN SELECT today + k FROM generate_series(0, p_ahead) AS k LOOP
-        part := 'processed_transactions_' || to_char(day, 'YYYYMMDD');
+    ahead := greatest(p_ahead, ceil(3600 / extract(epoch FROM length))::integer);
+    PERFORM pg_advisory_xact_lock(1885436260::bigint << 32);  -- one maker at a time
+    FOR k IN 0..ahead LOOP
+        part := 'processed_transactions_'
+                || to_char((start + k * length) AT TIME ZONE 'UTC', 'yyyymmdd"_"hh24miss');
         CONTINUE WHEN to_regclass(part) IS NOT NULL;
         EXECUTE format('CREATE TABLE %I (LIKE processed_transactions '
                        'INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING STORAGE)', part);
         EXECUTE format('WITH moved AS (DELETE FROM processed_transactions_default '
-                       '               WHERE dedup_period = %L RETURNING *) '
-                       'INSERT INTO %I SELECT * FROM moved', day, part);
+                       '               WHERE dedup_period >= %L AND dedup_period < %L '
+                       '               RETURNING *) '
+                       'INSERT INTO %I SELECT * FROM moved',
+                       start + k * length, start + (k + 1) * length, part);
         EXECUTE format('ALTER TABLE processed_transactions ATTACH PARTITION %I '
-                       'FOR VALUES FROM (%L) TO (%L)', part, day, day + 1);
+                       'FOR VALUES FROM (%L) TO (%L)',
+                       part, start + k * length, start + (k + 1) * length);
         -- (The worker's gauge counts a partition never analyzed on its own.)
         EXECUTE format('GRANT SELECT ON %I TO payauth_worker', part);
         RETURN NEXT part;

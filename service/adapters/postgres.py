@@ -532,14 +532,16 @@ class PostgresStore:
             _raise_translated(exc)
         return dict(row) if row else {}
 
-    async def prepare_dedup_periods(self) -> list[str]:
-        """Make the dedup store's partitions of today and the days ahead where missing;
-        return the ones made."""
+    async def prepare_dedup_periods(self) -> tuple[list[str], int]:
+        """Make the dedup store's partitions of the period under way and the ones ahead
+        where missing; the ones made, and the length of a period in seconds."""
         try:
             async with self._pool.acquire() as conn:
-                return await prepare_periods(conn)
+                made = await prepare_periods(conn)
+                seconds = await conn.fetchval("SELECT period_seconds FROM dedup_store")
         except Exception as exc:
             _raise_translated(exc)
+        return made, int(seconds)
 
     async def dedup_store_size(self) -> tuple[int, int]:
         """The dedup store's rows (PostgreSQL's estimate) and bytes on disk."""

@@ -1,9 +1,10 @@
-"""Retention of the PostgreSQL dedup store. The store is partitioned by period (a UTC day):
+"""Retention of the PostgreSQL dedup store. The store is partitioned by period (a UTC day
+unless it was made with another length, ``payauth_dedup_set_period``):
 a period past the window goes whole, its partition dropped (``payauth_dedup_drop_period``:
 no row deleted, no vacuum, no bloat), with the spending limits' charges kept under its
 records. Only what no period holds whole is deleted row by row, in bounded batches, each
 its own short transaction: records an administrator set before their own period, and the
-default partition's. The partitions of the days ahead are made first
+default partition's. The partitions of the periods ahead are made first
 (``payauth_dedup_prepare``). The ledger is never purged: its unique txn_id stays the last
 guard against a second debit. Run by ``payauth purge`` (``service/ops/purge.py``) and by
 the worker now and then (``PAYAUTH_PURGE_INTERVAL_SECONDS``)."""
@@ -42,7 +43,7 @@ _DELETE_SET_BACK = """
 WITH batch AS (
     SELECT txn_id, dedup_period FROM processed_transactions
      WHERE processed_at < now() - $1::float8 * interval '1 hour'
-       AND processed_at < (dedup_period::timestamp AT TIME ZONE 'UTC')
+       AND processed_at < dedup_period
      ORDER BY processed_at
      LIMIT $2
        FOR UPDATE SKIP LOCKED
@@ -126,8 +127,8 @@ async def purge(
 
 async def prepare_periods(
         conn: asyncpg.Connection | asyncpg.pool.PoolConnectionProxy) -> list[str]:
-    """Make the dedup store's partitions of today and the days ahead where missing; return
-    the ones made."""
+    """Make the dedup store's partitions of the period under way and the ones ahead where
+    missing; return the ones made."""
     made = [r[0] for r in await conn.fetch("SELECT * FROM payauth_dedup_prepare()")]
     if made:
         log.info("dedup_periods_made", partitions=made)

@@ -29,8 +29,10 @@ async def _on_server(dsn: str, statement: str) -> None:
         await conn.close()
 
 
-async def create_database(dsn: str, name: str) -> str:
-    """Create database ``name`` on ``dsn``'s server, migrate it, return its DSN."""
+async def create_database(dsn: str, name: str, *,
+                          dedup_period_seconds: int | None = None) -> str:
+    """Create database ``name`` on ``dsn``'s server, migrate it (its dedup store's periods
+    ``dedup_period_seconds`` long, if given), return its DSN."""
     await _on_server(dsn, f'CREATE DATABASE "{name}"')
     target = admin_dsn(dsn, name)
     # A multi-host URL asks each host in turn, a standby too, and asyncpg gives up on the
@@ -43,6 +45,12 @@ async def create_database(dsn: str, name: str) -> str:
         except asyncpg.InvalidCatalogNameError:
             await asyncio.sleep(0.25)
     await migrate(target)
+    if dedup_period_seconds is not None:
+        conn = await asyncpg.connect(target)
+        try:
+            await conn.fetch("SELECT * FROM payauth_dedup_set_period($1)", dedup_period_seconds)
+        finally:
+            await conn.close()
     return target
 
 

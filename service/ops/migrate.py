@@ -16,7 +16,8 @@ Two kinds of SQL, applied in this order:
 
 So a rule has one home, its file, and a change to it is a change to that file alone.
 
-Then the dedup store's partitions of today and the days ahead are made where missing.
+Then the dedup store's partitions of the period under way and the ones ahead are made where
+missing.
 """
 
 from __future__ import annotations
@@ -146,9 +147,9 @@ async def migrate(dsn: str, directory: Path = MIGRATIONS_DIR,
 
 
 async def _prepare_dedup_periods(conn: asyncpg.Connection) -> None:
-    """Make the dedup store's partitions of today and the days ahead where missing (the
-    workers and the purge make them too): a store just made or upgraded takes claims in a
-    partition of their own day at once. (A migration directory of another version may
+    """Make the dedup store's partitions of the period under way and the ones ahead where
+    missing (the workers and the purge make them too): a store just made or upgraded takes
+    claims in a partition of their own period at once. (A migration directory of another version may
     not define the function.)"""
     if await conn.fetchval("SELECT to_regprocedure('payauth_dedup_prepare(integer)')"):
         await prepare_periods(conn)

@@ -28,8 +28,7 @@ from tests.support.held_open import HeldOpenStore
 from tests.support.workers import wait_until
 
 TODAY = datetime.now(UTC).date()
-FENCE = 1885436260  # payauth_claim_period's lock class
-EPOCH = datetime(2000, 1, 1, tzinfo=UTC).date()
+FENCE = 1885436260 << 32  # payauth_claim_period's locks: this, plus a period's epoch second
 
 
 def _stop_the_clock(dsn: str) -> None:
@@ -59,6 +58,15 @@ async def _clock_to(dsn: str, at: datetime) -> None:
 def _at(day_offset: int, hh: int, mm: int, ss: int, micro: int = 0) -> datetime:
     return datetime.combine(TODAY + timedelta(days=day_offset), time(hh, mm, ss, micro),
                             tzinfo=UTC)
+
+
+def _day(offset: int) -> datetime:
+    """The start of a day's period (a day: the store's length unless set)."""
+    return _at(offset, 0, 0, 0)
+
+
+def _part(start: datetime) -> str:
+    return f"processed_transactions_{start:%Y%m%d_%H%M%S}"
 
 
 def _records(dsn: str, txn: str) -> list[Any]:
@@ -106,7 +114,7 @@ def test_two_claims_on_either_side_of_a_periods_end_yield_one_decision(env: stac
             await other.close()
 
     asyncio.run(scenario())
-    assert [r["dedup_period"] for r in _records(env.dsn, x.transaction_id)] == [TODAY]
+    assert [r["dedup_period"] for r in _records(env.dsn, x.transaction_id)] == [_day(0)]
 
 
 def test_a_claim_that_straddles_a_periods_end_is_refused_and_retried_in_the_next(
@@ -122,15 +130,15 @@ def test_a_claim_that_straddles_a_periods_end_is_refused_and_retried_in_the_next
         blocker = await asyncpg.connect(env.dsn)
         store = await PostgresStore.connect(env.dsn)
         try:
-            await blocker.execute("SELECT pg_advisory_lock($1, $2)", FENCE,
-                                  (TODAY - EPOCH).days)
+            await blocker.execute("SELECT pg_advisory_lock($1)",
+                                  FENCE + int(_day(0).timestamp()))
             await _clock_to(env.dsn, _at(0, 23, 59, 59))
             claim = asyncio.create_task(store.authorize(
                 [x], source_topic="t", source_partitions=[0], source_offsets=[0]))
             await stack.until_a_lock_is_awaited(env.dsn)
             await _clock_to(env.dsn, _at(1, 0, 0, 1))
-            await blocker.execute("SELECT pg_advisory_unlock($1, $2)", FENCE,
-                                  (TODAY - EPOCH).days)
+            await blocker.execute("SELECT pg_advisory_unlock($1)",
+                                  FENCE + int(_day(0).timestamp()))
             with pytest.raises(TransientError) as refused:
                 await claim
             assert "straddled the end of the dedup period" in str(refused.value.__cause__)
@@ -143,8 +151,7 @@ def test_a_claim_that_straddles_a_periods_end_is_refused_and_retried_in_the_next
             await store.close()
 
     asyncio.run(scenario())
-    assert [r["dedup_period"] for r in _records(env.dsn, x.transaction_id)] == \
-        [TODAY + timedelta(days=1)]
+    assert [r["dedup_period"] for r in _records(env.dsn, x.transaction_id)] == [_day(1)]
     [balance] = stack.fetch(env.dsn, "SELECT balance FROM accounts")
     assert str(balance["balance"]) == "95.00"
 
@@ -176,8 +183,7 @@ def test_a_duplicate_and_a_conflict_in_the_next_period_through_the_broker(
     assert dict(dead.headers())["error.reason"] == b"IDEMPOTENCY_KEY_CONFLICT"
     assert [e["event_id"] for e in stack.events_of(stack.read_topic(env.output_topic))] == \
         [first["event_id"]]
-    assert [r["part"] for r in _records(env.dsn, txn)] == \
-        [f"processed_transactions_{TODAY:%Y%m%d}"]
+    assert [r["part"] for r in _records(env.dsn, txn)] == [_part(_day(0))]
     [balance] = stack.fetch(env.dsn, "SELECT balance FROM accounts")
     assert str(balance["balance"]) == "90.00"
 
@@ -190,8 +196,7 @@ def test_the_periods_ahead_are_made_and_a_record_made_before_its_period_moves_in
     parts = {r["p"] for r in stack.fetch(
         env.dsn, "SELECT relid::regclass::text AS p FROM pg_partition_tree("
                  "'processed_transactions') WHERE isleaf")}
-    assert {f"processed_transactions_{TODAY + timedelta(days=d):%Y%m%d}" for d in range(3)} \
-        | {"processed_transactions_default"} == parts
+    assert {_part(_day(d)) for d in range(3)} | {"processed_transactions_default"} == parts
     _stop_the_clock(env.dsn)
     _set_clock(env.dsn, _at(5, 8, 0, 0))
     x = authorization(f"AHEAD-{uuid.uuid4().hex[:6]}", "NO-SUCH-ACCOUNT", "5.00")
@@ -202,11 +207,12 @@ def test_the_periods_ahead_are_made_and_a_record_made_before_its_period_moves_in
     async def prepare() -> list[str]:
         store = await PostgresStore.connect(env.dsn)
         try:
-            return await store.prepare_dedup_periods()
+            made, _ = await store.prepare_dedup_periods()
+            return made
         finally:
             await store.close()
 
-    day5 = f"processed_transactions_{TODAY + timedelta(days=5):%Y%m%d}"
+    day5 = _part(_day(5))
     assert asyncio.run(prepare())[0] == day5
     assert [r["part"] for r in _records(env.dsn, x.transaction_id)] == [day5]
     assert asyncio.run(prepare()) == []  # made once
@@ -265,8 +271,7 @@ def test_the_purge_drops_whole_periods_and_deletes_only_what_was_set_back(
     assert left == {*placed[-1], placed[0][0]}
     for day in (-5, -4):
         assert stack.fetch(env.dsn, "SELECT to_regclass($1) AS r",
-                           f"processed_transactions_{TODAY + timedelta(days=day):%Y%m%d}"
-                           )[0]["r"] is None
+                           _part(_day(day)))[0]["r"] is None
     assert [r["txn_id"] for r in stack.fetch(env.dsn, "SELECT txn_id FROM limit_charges")] \
         == [placed[0][0]]
     assert _purge(env.dsn) == 0
@@ -315,7 +320,7 @@ def test_the_upgrade_keeps_every_record_and_each_still_guards(live_stack: None,
                 "SELECT *, tableoid::regclass::text AS part FROM processed_transactions "
                 "ORDER BY txn_id")]
             assert [r.pop("part") for r in after] == ["processed_transactions_before_periods"] * 3
-            assert [r.pop("dedup_period") for r in after] == [TODAY - timedelta(days=1)] * 3
+            assert [r.pop("dedup_period") for r in after] == [_day(-1)] * 3
             assert after == before
             store = await PostgresStore.connect(dsn)
             try:
@@ -333,3 +338,44 @@ def test_the_upgrade_keeps_every_record_and_each_still_guards(live_stack: None,
         asyncio.run(scenario())
     finally:
         asyncio.run(stack.drop_database(database))
+
+
+# ------------------------------------------------------------------ another length
+def test_a_store_of_minute_periods_purges_whole_minutes_within_a_window_of_minutes(
+        env: stack.Env) -> None:
+    """A store made with periods of a minute (refused once it holds records): its
+    partitions are minutes, an hour of them ahead; records claimed at 10:00:30, 10:01:30 and
+    10:04:30, a purge at 10:05:10 with a window of 3 minutes drops the periods of 10:00 and
+    10:01 whole (ended by 10:02:10) and keeps 10:04's."""
+    _stop_the_clock(env.dsn)
+    _set_clock(env.dsn, _at(1, 10, 0, 30))
+    made = [r[0] for r in stack.fetch(env.dsn, "SELECT * FROM payauth_dedup_set_period(60)")]
+    assert made[0] == _part(_at(1, 10, 0, 0)) and len(made) == 61
+    assert made[1] == _part(_at(1, 10, 1, 0))
+    claimed = {}
+    for minute in (0, 1, 4):
+        _set_clock(env.dsn, _at(1, 10, minute, 30))
+        x = authorization(f"MIN{minute}-{uuid.uuid4().hex[:4]}", "NO-SUCH-ACCOUNT", "1.00")
+        _decide(env.dsn, [x])
+        claimed[minute] = x.transaction_id
+        stack.fetch(env.dsn, "UPDATE processed_transactions SET processed_at = $1 "
+                             "WHERE txn_id = $2", _at(1, 10, minute, 30), x.transaction_id)
+    with pytest.raises(asyncpg.RaiseError, match="holds records"):
+        asyncio.run(_call(env.dsn, "SELECT * FROM payauth_dedup_set_period(120)"))
+
+    _set_clock(env.dsn, _at(1, 10, 5, 10))
+    dropped = stack.fetch(env.dsn, "SELECT * FROM payauth_dedup_drop_period(0.05)")
+    assert [(r["part"], r["records"]) for r in dropped] == [(_part(_at(1, 10, 0, 0)), 1)]
+    dropped = stack.fetch(env.dsn, "SELECT * FROM payauth_dedup_drop_period(0.05)")
+    assert [(r["part"], r["records"]) for r in dropped] == [(_part(_at(1, 10, 1, 0)), 1)]
+    assert not stack.fetch(env.dsn, "SELECT * FROM payauth_dedup_drop_period(0.05)")
+    left = stack.fetch(env.dsn, "SELECT txn_id FROM processed_transactions")
+    assert [r["txn_id"] for r in left] == [claimed[4]]
+
+
+async def _call(dsn: str, statement: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.fetch(statement)
+    finally:
+        await conn.close()

@@ -75,6 +75,7 @@ from service.devtools.chaos.gaps import Gap, each_gap
 from service.devtools.chaos.generator import seed_accounts
 from service.devtools.chaos.ha_partitions import Partitions
 from service.devtools.chaos.proxy import TcpProxy
+from service.devtools.chaos.purges import dedup_period_seconds
 from service.devtools.chaos.run import PARTITIONS, Chaos, Supervisor, log
 from service.devtools.processes import ROOT
 
@@ -96,7 +97,9 @@ class HaChaos(Chaos):
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
-        asyncio.run(scratch.create_database(self.dsn, self.database))
+        asyncio.run(scratch.create_database(
+            self.dsn, self.database,
+            dedup_period_seconds=dedup_period_seconds(self.retention_seconds)))
         bootstrap = self.settings.kafka_bootstrap_servers
         scratch.create_topics(bootstrap, {self.topics["in"]: PARTITIONS,
                                           self.topics["out"]: PARTITIONS,

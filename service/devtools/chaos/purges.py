@@ -5,6 +5,9 @@ retention window of minutes (``PAYAUTH_DEDUP_RETENTION_HOURS``), so that late re
 reversals and clearings meet transactions whose dedup records are gone, and the shadow
 replay meets messages it can only judge from where their effects are kept.
 
+The run's dedup store has periods of half its window (``dedup_period_seconds``): the purge
+drops whole periods, as at a bank's, and deletes row by row only what no period takes whole.
+
 Before each purge, the records it may delete are read (those past a window 30 s shorter: a
 superset of what the purge, which follows within seconds, deletes): the checker holds them
 to everything a record still in the database is held to.
@@ -31,6 +34,12 @@ SELECT txn_id, result, decline_reason, fingerprint, source_partition, source_off
  WHERE processed_at < now() - $1::float8 * interval '1 second'
 """
 _MARGIN_SECONDS = 30.0
+
+
+def dedup_period_seconds(retention_seconds: float) -> int:
+    """The dedup store's period for a run's window of minutes: half the window (a minute at
+    least, the store's shortest), so that the purge drops whole periods during the run."""
+    return max(60, int(retention_seconds // 2))
 RUN_BOUND_SECONDS = 120.0
 
 

@@ -62,7 +62,7 @@ from service.devtools.chaos.gaps import CommitObserver, Gap, gaps_by_kind
 from service.devtools.chaos.gaps import render as render_gaps
 from service.devtools.chaos.generator import LoadGenerator, seed_accounts
 from service.devtools.chaos.proxy import TcpProxy
-from service.devtools.chaos.purges import Purges, shadow_replay
+from service.devtools.chaos.purges import Purges, dedup_period_seconds, shadow_replay
 from service.devtools.processes import ROOT, WorkerProcess
 
 STACK = ROOT / "deploy/local/stack.sh"
@@ -235,7 +235,9 @@ class Chaos:
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
-        asyncio.run(scratch.create_database(self.dsn, self.database))
+        asyncio.run(scratch.create_database(
+            self.dsn, self.database,
+            dedup_period_seconds=dedup_period_seconds(self.retention_seconds)))
         scratch.create_topics(self.settings.kafka_bootstrap_servers, {
             self.topics["in"]: PARTITIONS, self.topics["out"]: PARTITIONS,
             self.topics["dlq"]: 3})
