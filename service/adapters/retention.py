@@ -72,6 +72,17 @@ _DELETE_RECEIPTS = _delete_expired("published_batches", "batch_id", "published_a
 # Duplicate sightings (rows per batch, no key of their own: the row's ctid), same window.
 _DELETE_SIGHTINGS = _delete_expired("duplicate_sightings", "ctid", "seen_at")
 
+# Who holds the dedup store now, for a drop that could not wait them out: how many sessions,
+# and how long the oldest one's transaction has run (idle in transaction: a client gone
+# quiet mid-transaction, until its connection is found dead).
+_STORE_HOLDERS = """
+SELECT count(DISTINCT l.pid) AS n,
+       round(extract(epoch FROM now() - min(a.xact_start))::numeric, 1)::float8 AS oldest
+  FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+ WHERE l.relation = 'processed_transactions'::regclass AND l.granted
+   AND l.pid <> pg_backend_pid()
+"""
+
 # Only one replica purges at a time; the others skip the round.
 _PURGE_LOCK = 0x7061_7970_7572_6765  # "paypurge"
 
@@ -135,17 +146,27 @@ async def prepare_periods(
     return made
 
 
-async def _drop_expired_periods(conn: asyncpg.Connection, retention_hours: float) -> int:
+async def _drop_expired_periods(conn: asyncpg.Connection, retention_hours: float,
+                                attempts: int = 5) -> int:
     """Drop every period past the window, oldest first, one a transaction; return the
-    records that went with them. A drop that waited its lock_timeout out (claims held the
-    table all along) is left to the next purge."""
+    records that went with them. A drop that waited its lock_timeout out (a transaction
+    held the table all along) is tried again a second later, ``attempts`` times in all,
+    then left to the next purge."""
     total = 0
+    busy = 0
     while True:
         try:
             row = await conn.fetchrow("SELECT * FROM payauth_dedup_drop_period($1)",
                                       retention_hours)
         except asyncpg.LockNotAvailableError:
-            log.warning("purge_period_deferred", reason="the store stayed busy for 1 s")
+            busy += 1
+            if busy < attempts:
+                await asyncio.sleep(1.0)
+                continue
+            n, oldest = await conn.fetchrow(_STORE_HOLDERS) or (0, None)
+            log.warning("purge_period_deferred", attempts=attempts,
+                        reason="a transaction held the store each time for 1 s",
+                        holders=n, oldest_seconds=oldest)
             return total
         if row is None:
             return total
