@@ -23,6 +23,11 @@ Phases, each on its own topic/group in one fresh database with 10,000 accounts:
               size: on cards without limits, with a daily and a monthly limit each (none
               reached), with, without (ABBA), one worker each; the mean rate with limits
               against the mean without (``ratio_limits_vs_plain``): what the controls cost
+  purge       a dedup store of `purge_records` past the window over five days (the
+              window's own records beside them), ``payauth purge`` timed, against a tenth
+              of them (``ratio_purge_10x_rows``: its cost must not grow with the rows);
+              then half the backlog decided alone and again while that purge runs
+              (``ratio_during_purge``) (``purge.py``)
   hot         every authorization on one account
   latency     paced at 70 % of `new` after a warm-up: produce → result event, p50/p99; then
               50 %, 25 % and 5 % (the curve); then the sustainable rate, the highest whose
@@ -50,6 +55,7 @@ import re
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -66,7 +72,7 @@ from pydantic import SecretStr
 from service.adapters.kafka.admin import group_lag
 from service.config import Settings, load_settings
 from service.devtools import scratch
-from service.devtools.bench import cpu, lifecycle, paced, pgbench, plot
+from service.devtools.bench import cpu, lifecycle, paced, pgbench, plot, purge
 from service.devtools.bench.naive import run_naive
 from service.devtools.network_message import authorization_message
 from service.devtools.processes import ROOT, WorkerProcess
@@ -89,12 +95,15 @@ class Sizes:
     pgbench_seconds: int
     replays: int
     refinements: int  # bisections of the sustainable rate
+    purge_records: int  # past the window, for the purge phase
 
 
 FULL = Sizes(new=200_000, lifecycle=100_000, hot=30_000, naive=3_000, latency_seconds=30,
-             latency_warmup_seconds=5, pgbench_seconds=20, replays=3, refinements=2)
+             latency_warmup_seconds=5, pgbench_seconds=20, replays=3, refinements=2,
+             purge_records=5_000_000)
 SMOKE = Sizes(new=3_000, lifecycle=3_000, hot=1_000, naive=200, latency_seconds=4,
-              latency_warmup_seconds=1, pgbench_seconds=3, replays=1, refinements=0)
+              latency_warmup_seconds=1, pgbench_seconds=3, replays=1, refinements=0,
+              purge_records=20_000)
 
 
 # Each ratio: the two results it divides (computed when both phases ran), its digits.
@@ -106,11 +115,13 @@ RATIOS = {
     "ratio_hot_vs_uniform": ("hot_account_auth_per_s", "new_auth_per_s", 3),
     "ratio_lifecycle_vs_purchase": ("lifecycle_auth_per_s", "new_auth_per_s", 3),
     "ratio_limits_vs_plain": ("limits_auth_per_s", "limits_plain_auth_per_s", 3),
+    "ratio_during_purge": ("purge_during_auth_per_s", "purge_alone_auth_per_s", 3),
+    "ratio_purge_10x_rows": ("purge_seconds", "purge_tenth_seconds", 2),
 }
 # The phases, in order; BENCH_PHASES picks some (the backlog of new authorizations always
 # runs: the others are held against it).
-PHASES = ("pgbench", "raw", "new", "replay", "db_limit", "lifecycle", "limits", "hot",
-          "latency", "floor", "naive")
+PHASES = ("pgbench", "raw", "new", "replay", "db_limit", "lifecycle", "limits", "purge",
+          "hot", "latency", "floor", "naive")
 
 
 def log(msg: str) -> None:
@@ -434,6 +445,54 @@ class Bench:
         self.results["limits_messages"] = 2 * size
         self.results["limits_counted"] = asyncio.run(self.counted_in_daily_limits())
 
+    def phase_purge(self) -> None:
+        """``payauth purge`` over a tenth of ``purge_records`` past the window, then over all
+        of them; the second time while one worker decides half the backlog (from when it
+        has decided a tenth of it), after the same half decided alone."""
+        big = self.sizes.purge_records
+        asyncio.run(purge.fill_past(self.dsn, big // 10, "PT"))
+        tenth_seconds, tenth = asyncio.run(purge.timed_purge(self.dsn))
+        asyncio.run(purge.fill_past(self.dsn, big, "PP"))
+        size = self.sizes.new // 2
+        rates: dict[str, float] = {}
+        purged: list[tuple[float, int]] = []
+        for name in ("purge_alone", "purge_during"):
+            topic = self.topic(name)
+            self.produce(topic, self.messages(size, tag=name[-1].upper() + "G"))
+            group = f"bench-{name}-{self.run}"
+            worker = self.worker(topic, group, name)
+            worker.port()
+            during = None
+            if name == "purge_during":
+                during = threading.Thread(target=lambda w=worker: purged.append(
+                    self.purge_once_under_way(w, size)))
+                during.start()
+            rates[name] = self.throughput(worker, group, topic, size)
+            if during is not None:
+                during.join()
+            assert worker.terminate() == 0
+        [(seconds, removed)] = purged
+        self.results.update({
+            "purge_alone_auth_per_s": round(rates["purge_alone"], 1),
+            "purge_during_auth_per_s": round(rates["purge_during"], 1),
+            "purge_records": removed, "purge_seconds": round(seconds, 3),
+            "purge_tenth_records": tenth, "purge_tenth_seconds": round(tenth_seconds, 3)})
+        log(f"purge: {removed:,} records in {seconds:.2f} s ({tenth:,} in "
+            f"{tenth_seconds:.2f} s); half the backlog alone {rates['purge_alone']:,.0f} "
+            f"auth/s, during the purge {rates['purge_during']:,.0f}")
+
+    def purge_once_under_way(self, worker: WorkerProcess, total: int) -> tuple[float, int]:
+        """Once ``worker`` has decided a tenth of ``total``: the purge, timed."""
+        while True:
+            try:
+                done = sum(v for k, v in worker.metrics().items()
+                           if k.startswith("payauth_messages_total"))
+            except Exception:
+                done = 0
+            if done >= 0.1 * total:
+                return asyncio.run(purge.timed_purge(self.dsn))
+            time.sleep(0.05)
+
     async def counted_in_daily_limits(self) -> int:
         conn = await asyncpg.connect(self.dsn)
         try:
@@ -647,7 +706,8 @@ class Bench:
         if "raw" in wanted:
             self.phase_raw(topic, self.sizes.new)
         self.phase_new_and_replay(topic, self.sizes.new, replays="replay" in wanted)
-        for phase in ("db_limit", "lifecycle", "limits", "hot", "latency", "floor", "naive"):
+        for phase in ("db_limit", "lifecycle", "limits", "purge", "hot", "latency", "floor",
+                      "naive"):
             if phase in wanted:
                 getattr(self, f"phase_{phase}")()
         text, ok = report(asyncio.run(verify(self.dsn)))
@@ -680,7 +740,8 @@ TARGETS = {
     "redis_calls_per_msg": ("<=", 0.1), "worker_rss_mb": ("<=", 200),
     "ratio_sustainable_vs_backlog": (">=", 0.7), "ratio_vs_db_limit": (">=", 0.6),
     "ratio_p99_vs_floor_25": ("<=", 3), "ratio_lifecycle_vs_purchase": (">=", 0.8),
-    "ratio_limits_vs_plain": (">=", 0.85),
+    "ratio_limits_vs_plain": (">=", 0.85), "ratio_during_purge": (">=", 0.9),
+    "ratio_purge_10x_rows": ("<=", 2),
 }
 
 
@@ -695,7 +756,7 @@ def render(r: dict[str, Any]) -> str:
                 "redis_calls_per_msg", "worker_rss_mb", "ratio_sustainable_vs_backlog",
                 "ratio_vs_db_limit", "ratio_p99_vs_floor_25", "ratio_vs_pgbench", "ratio_vs_naive",
                 "ratio_replay_vs_raw", "ratio_hot_vs_uniform", "ratio_lifecycle_vs_purchase",
-                "ratio_limits_vs_plain"):
+                "ratio_limits_vs_plain", "ratio_during_purge", "ratio_purge_10x_rows"):
         value = flat.get(key)
         target = TARGETS.get(key)
         mark = ""
