@@ -5,8 +5,8 @@ decided while it runs against the same backlog alone.
 
 The records past the window are written as five days of a store would have left them:
 each in the partition of its own day (the partitions ``payauth_dedup_prepare`` made on
-those days, made here after the fact), its processed_at within that day, analyzed as
-autovacuum would have long done.
+those days, made here after the fact), its processed_at within that day, vacuumed and
+analyzed as autovacuum would have long done.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ async def fill_past(dsn: str, records: int, tag: str) -> None:
             await conn.execute(_PARTITION.format(name=name, start=start.isoformat(),
                                                  end=(start + timedelta(days=1)).isoformat()))
             await conn.execute(_FILL, f"{tag}{k}-", start, records // DAYS_PAST)
-            await conn.execute(f"ANALYZE {name}")
+            await conn.execute(f"VACUUM (ANALYZE) {name}")
     finally:
         await conn.close()
 

@@ -26,7 +26,7 @@ Phases, each on its own topic/group in one fresh database with 10,000 accounts:
   purge       a dedup store of `purge_records` past the window over five days (the
               window's own records beside them), ``payauth purge`` timed, against a tenth
               of them (``ratio_purge_10x_rows``: its cost must not grow with the rows);
-              then half the backlog decided alone and again while that purge runs
+              then half the backlog decided alone and while such a purge runs, ABBA
               (``ratio_during_purge``) (``purge.py``)
   hot         every authorization on one account
   latency     paced at 70 % of `new` after a warm-up: produce → result event, p50/p99; then
@@ -447,42 +447,49 @@ class Bench:
 
     def phase_purge(self) -> None:
         """``payauth purge`` over a tenth of ``purge_records`` past the window, then over all
-        of them; the second time while one worker decides half the backlog (from when it
-        has decided a tenth of it), after the same half decided alone."""
+        of them, nothing else running; then half the backlog decided by one worker alone and
+        while the purge of ``purge_records`` runs (from when it has decided a tenth of it),
+        twice, ABBA (a store filled afresh before each pair), each side's rate the mean of
+        its two."""
         big = self.sizes.purge_records
-        asyncio.run(purge.fill_past(self.dsn, big // 10, "PT"))
-        tenth_seconds, tenth = asyncio.run(purge.timed_purge(self.dsn))
-        asyncio.run(purge.fill_past(self.dsn, big, "PP"))
+        timed: dict[str, tuple[float, int]] = {}
+        for name, records in (("purge_tenth", big // 10), ("purge", big)):
+            asyncio.run(purge.fill_past(self.dsn, records, name[-1].upper() + "F"))
+            timed[name] = asyncio.run(purge.timed_purge(self.dsn))
         size = self.sizes.new // 2
-        rates: dict[str, float] = {}
-        purged: list[tuple[float, int]] = []
-        for name in ("purge_alone", "purge_during"):
-            topic = self.topic(name)
-            self.produce(topic, self.messages(size, tag=name[-1].upper() + "G"))
-            group = f"bench-{name}-{self.run}"
-            worker = self.worker(topic, group, name)
-            worker.port()
-            during = None
-            if name == "purge_during":
-                during = threading.Thread(target=lambda w=worker: purged.append(
-                    self.purge_once_under_way(w, size)))
-                during.start()
-            rates[name] = self.throughput(worker, group, topic, size)
-            if during is not None:
-                during.join()
-            assert worker.terminate() == 0
-        [(seconds, removed)] = purged
-        self.results.update({
-            "purge_alone_auth_per_s": round(rates["purge_alone"], 1),
-            "purge_during_auth_per_s": round(rates["purge_during"], 1),
-            "purge_records": removed, "purge_seconds": round(seconds, 3),
-            "purge_tenth_records": tenth, "purge_tenth_seconds": round(tenth_seconds, 3)})
-        log(f"purge: {removed:,} records in {seconds:.2f} s ({tenth:,} in "
-            f"{tenth_seconds:.2f} s); half the backlog alone {rates['purge_alone']:,.0f} "
-            f"auth/s, during the purge {rates['purge_during']:,.0f}")
+        rates: dict[str, list[float]] = {"purge_alone": [], "purge_during": []}
+        for pair, names in enumerate((("purge_alone", "purge_during"),
+                                      ("purge_during", "purge_alone"))):
+            asyncio.run(purge.fill_past(self.dsn, big, f"P{pair}"))
+            for name in names:
+                topic = self.topic(f"{name}-{pair}")
+                self.produce(topic, self.messages(size, tag=f"{name[-1].upper()}G{pair}"))
+                group = f"bench-{name}-{pair}-{self.run}"
+                worker = self.worker(topic, group, f"{name}-{pair}")
+                worker.port()
+                during = None
+                if name == "purge_during":
+                    during = threading.Thread(target=self.purge_once_under_way,
+                                              args=(worker, size))
+                    during.start()
+                rates[name].append(self.throughput(worker, group, topic, size))
+                if during is not None:
+                    during.join()
+                assert worker.terminate() == 0
+        for name, runs in rates.items():
+            self.results[f"{name}_auth_per_s"] = round(statistics.mean(runs), 1)
+            self.results[f"{name}_runs_per_s"] = [round(r, 1) for r in runs]
+        for name, (seconds, removed) in timed.items():
+            self.results[f"{name}_records"] = removed
+            self.results[f"{name}_seconds"] = round(seconds, 3)
+        log(f"purge alone: {timed['purge'][1]:,} records in {timed['purge'][0]:.3f} s, "
+            f"{timed['purge_tenth'][1]:,} in {timed['purge_tenth'][0]:.3f} s; half the "
+            f"backlog alone {rates['purge_alone']} auth/s, during a purge "
+            f"{rates['purge_during']}")
 
-    def purge_once_under_way(self, worker: WorkerProcess, total: int) -> tuple[float, int]:
-        """Once ``worker`` has decided a tenth of ``total``: the purge, timed."""
+    def purge_once_under_way(self, worker: WorkerProcess, total: int) -> None:
+        """Once ``worker`` has decided a tenth of ``total``: the purge, its time in the
+        log."""
         while True:
             try:
                 done = sum(v for k, v in worker.metrics().items()
@@ -490,7 +497,9 @@ class Bench:
             except Exception:
                 done = 0
             if done >= 0.1 * total:
-                return asyncio.run(purge.timed_purge(self.dsn))
+                seconds, removed = asyncio.run(purge.timed_purge(self.dsn))
+                log(f"purge under way: {removed:,} records in {seconds:.3f} s")
+                return
             time.sleep(0.05)
 
     async def counted_in_daily_limits(self) -> int:
