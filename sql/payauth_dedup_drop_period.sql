@@ -1,16 +1,19 @@
--- payauth_dedup_drop_period: drop the oldest partition of the dedup store whose whole
+-- payauth_dedup_drop_period: detach the oldest partition of the dedup store whose whole
 -- period is past the retention window (p_retention_hours) and that keeps no record within
 -- it (an administrator may have set one's processed_at later), with the spending limits'
 -- charges kept under its records (what a reversal of one would give back: after the window
 -- it gives nothing back, which only ever keeps a limit stricter). One period a call, each
 -- in its own transaction (`payauth purge` calls it until it answers nothing); returns the
--- partition dropped and how many records went with it (PostgreSQL's estimate for a
--- partition analyzed), or no row.
+-- partition detached and how many records went with it (PostgreSQL's estimate for a
+-- partition analyzed), or no row. The detached partition is renamed NAME_purged, out of the
+-- store, and payauth_dedup_drop_purged drops it in a transaction of its own.
 --
--- Never the period under way, the ones ahead or the default partition. Dropping a
+-- Never the period under way, the ones ahead or the default partition. Detaching a
 -- partition takes ACCESS EXCLUSIVE on the table for a moment (the claims under way finish
--- first, the next ones wait); no longer than lock_timeout (1 s), or the drop is left to the
--- next purge. Security definer: the worker's role purges without owning the table.
+-- first, the next ones wait); no longer than lock_timeout (1 s), or it is left to the next
+-- purge. Only detached: dropping frees the files, which takes the file system a time that
+-- grows with them (tens of ms a million records), and no claim waits for that. Security
+-- definer: the worker's role purges without owning the table.
 CREATE OR REPLACE FUNCTION payauth_dedup_drop_period(p_retention_hours float8)
 RETURNS TABLE (part text, records bigint)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
@@ -57,7 +60,8 @@ BEGIN
             RAISE EXCEPTION 'payauth_dedup_drop_period: % gained a record within the window',
                             victim USING ERRCODE = '40001';
         END IF;
-        EXECUTE format('DROP TABLE %I', victim);
+        EXECUTE format('ALTER TABLE processed_transactions DETACH PARTITION %I', victim);
+        EXECUTE format('ALTER TABLE %I RENAME TO %I', victim, victim || '_purged');
         part := victim; records := n;
         RETURN NEXT;
         RETURN;

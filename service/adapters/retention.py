@@ -1,13 +1,15 @@
 """Retention of the PostgreSQL dedup store. The store is partitioned by period (a UTC day
-unless it was made with another length, ``payauth_dedup_set_period``):
-a period past the window goes whole, its partition dropped (``payauth_dedup_drop_period``:
-no row deleted, no vacuum, no bloat), with the spending limits' charges kept under its
-records. Only what no period holds whole is deleted row by row, in bounded batches, each
-its own short transaction: records an administrator set before their own period, and the
-default partition's. The partitions of the periods ahead are made first
-(``payauth_dedup_prepare``). The ledger is never purged: its unique txn_id stays the last
-guard against a second debit. Run by ``payauth purge`` (``service/ops/purge.py``) and by
-the worker now and then (``PAYAUTH_PURGE_INTERVAL_SECONDS``)."""
+unless it was made with another length, ``payauth_dedup_set_period``): a period past the
+window goes whole, its partition detached (``payauth_dedup_drop_period``: no row deleted,
+no vacuum, no bloat; the store locked for a moment) then dropped outside the store
+(``payauth_dedup_drop_purged``: the file system frees it while claims go on), with the
+spending limits' charges kept under its records. Only what no period holds whole is
+deleted row by row, in bounded batches, each its own short transaction: records an
+administrator set before their own period, and the default partition's. The partitions of
+the periods ahead are made first (``payauth_dedup_prepare``). The ledger is never purged:
+its unique txn_id stays the last guard against a second debit. Run by ``payauth purge``
+(``service/ops/purge.py``) and by the worker now and then
+(``PAYAUTH_PURGE_INTERVAL_SECONDS``)."""
 
 from __future__ import annotations
 
@@ -121,6 +123,7 @@ async def purge(
 
     try:
         await prepare_periods(conn)
+        await _drop_purged(conn)
         dropped = await _drop_expired_periods(conn, retention_hours)
         total = dropped + await delete_expired(_DELETE_SET_BACK, "processed_transactions",
                                                pause_seconds)
@@ -171,7 +174,14 @@ async def _drop_expired_periods(conn: asyncpg.Connection, retention_hours: float
         if row is None:
             return total
         total += row["records"]
+        await _drop_purged(conn)
         log.info("purge_period_dropped", partition=row["part"], records=row["records"])
+
+
+async def _drop_purged(conn: asyncpg.Connection) -> None:
+    """Drop what the store's purge detached (also what a purge stopped before dropping)."""
+    for row in await conn.fetch("SELECT * FROM payauth_dedup_drop_purged()"):
+        log.info("purge_files_freed", table=row[0])
 
 
 async def purge_once(dsn: str, *, retention_hours: float, batch_size: int = 5_000,

@@ -274,6 +274,7 @@ def test_the_purge_drops_whole_periods_and_deletes_only_what_was_set_back(
                            _part(_day(day)))[0]["r"] is None
     assert [r["txn_id"] for r in stack.fetch(env.dsn, "SELECT txn_id FROM limit_charges")] \
         == [placed[0][0]]
+    assert not stack.fetch(env.dsn, "SELECT 1 FROM pg_class WHERE relname LIKE '%purged'")
     assert _purge(env.dsn) == 0
 
 

@@ -6,7 +6,8 @@ decided while it runs against the same backlog alone.
 The records past the window are written as five days of a store would have left them:
 each in the partition of its own day (the partitions ``payauth_dedup_prepare`` made on
 those days, made here after the fact), its processed_at within that day, vacuumed and
-analyzed as autovacuum would have long done.
+analyzed as autovacuum would have long done, and checkpointed. (The bench's role is the
+database's owner, a superuser on the local stack: CHECKPOINT needs one.)
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ async def fill_past(dsn: str, records: int, tag: str) -> None:
                                                  end=(start + timedelta(days=1)).isoformat()))
             await conn.execute(_FILL, f"{tag}{k}-", start, records // DAYS_PAST)
             await conn.execute(f"VACUUM (ANALYZE) {name}")
+        # (Written to disk, as days-old records are: the checkpoint after a fill would
+        # otherwise weigh on the next phase, not on the purge.)
+        await conn.execute("CHECKPOINT")
     finally:
         await conn.close()
 
