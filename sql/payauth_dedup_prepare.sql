@@ -1,6 +1,7 @@
 -- payauth_dedup_prepare: make the dedup store's partitions of the period under way and of the
 -- periods after it, where missing, before any claim needs them: p_ahead periods, and at least
--- an hour's (called by `payauth migrate`, by every worker as it starts and then every quarter
+-- ten minutes' (a lookup reads every partition, those ahead too: short periods make few more
+-- of them than they need) (called by `payauth migrate`, by every worker as it starts and then every quarter
 -- of a period, at most hourly, and by every purge). A record that went to the default
 -- partition for want of its period's partition (none was made in time) is moved into it as
 -- it is made. Returns the partitions it made.
@@ -21,7 +22,7 @@ BEGIN
     IF p_ahead IS NULL OR p_ahead < 0 THEN
         RAISE EXCEPTION 'payauth_dedup_prepare: p_ahead must be 0 or more, not %', p_ahead;
     END IF;
-    ahead := greatest(p_ahead, ceil(3600 / extract(epoch FROM length))::integer);
+    ahead := greatest(p_ahead, ceil(600 / extract(epoch FROM length))::integer);
     PERFORM pg_advisory_xact_lock(1885436260::bigint << 32);  -- one maker at a time
     FOR k IN 0..ahead LOOP
         part := 'processed_transactions_'
