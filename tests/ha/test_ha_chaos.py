@@ -112,7 +112,9 @@ def test_one_failover_of_each_engine_holds_every_invariant(tmp_path: Path) -> No
         line = next(line for line in gaps.splitlines() if line.strip().startswith(kind))
         assert ">" not in line, line
         first, _, every, _ = (float(v) for v in line.split()[1:])
-        assert 0 < first <= every, line
+        # a fault that spares some workers (one cut off) lets another commit within the
+        # sampling interval: the table's 0.0 is a gap under 50 ms, not a missing one
+        assert 0 <= first <= every and every > 0, line
     decided = int(re.search(r"messages decided during the run\s+(\d+)", out).group(1))
     assert decided > 1000, out[-3000:]
     # lifecycles in the load, and holds expire among the failovers
