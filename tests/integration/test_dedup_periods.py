@@ -323,6 +323,11 @@ def test_the_upgrade_keeps_every_record_and_each_still_guards(live_stack: None,
             assert [r.pop("part") for r in after] == ["processed_transactions_before_periods"] * 3
             assert [r.pop("dedup_period") for r in after] == [_day(-1)] * 3
             assert after == before
+            # the partition of before took the identifier check of later migrations (019)
+            assert await conn.fetchval(
+                "SELECT convalidated FROM pg_constraint WHERE conname = "
+                "'processed_transactions_txn_id_check' AND conrelid = "
+                "'processed_transactions_before_periods'::regclass") is True
             store = await PostgresStore.connect(dsn)
             try:
                 assert set(await store.load_stored(["OLD-0", "OLD-2"])) == {"OLD-0", "OLD-2"}
