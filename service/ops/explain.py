@@ -83,7 +83,7 @@ SELECT txn_id, state, amount::text AS amount, applied::text AS applied, final, a
  ORDER BY arrived_at, txn_id
 """
 _LEDGER = """
-SELECT entry_id, account_id, amount::text AS amount, currency, type, created_at
+SELECT account_id, amount::text AS amount, currency, type, created_at
   FROM ledger_entries WHERE txn_id = $1
 """
 
@@ -139,7 +139,7 @@ class Explanation:
                          "window; the ledger entry remains)")
         g = self.ledger
         if g is not None:
-            lines.append(f"ledger       entry {g['entry_id']}: {g['amount']} {g['currency']} "
+            lines.append(f"ledger       entry: {g['amount']} {g['currency']} "
                          f"({g['type']}) on {g['account_id']} at {g['created_at'].isoformat()}")
         else:
             lines.append("ledger       no entry (nothing was debited or credited)")

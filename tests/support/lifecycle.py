@@ -80,7 +80,7 @@ def expired(hold: str) -> str:
 
 def ledger(env: stack.Env, account: str) -> list[tuple[str, str, Decimal]]:
     rows = stack.fetch(env.dsn, "SELECT txn_id, type, amount FROM ledger_entries "
-                                "WHERE account_id = $1 ORDER BY entry_id", account)
+                                "WHERE account_id = $1 ORDER BY created_at, txn_id", account)
     return [(r["txn_id"], r["type"], r["amount"]) for r in rows]
 
 

@@ -269,7 +269,7 @@ SNAPSHOT = {
                  "ended_hold, original_txn_id, final, amount_approved "
                  "FROM lifecycle_messages ORDER BY txn_id",
     "ledger": "SELECT txn_id, account_id, amount, currency, type, request_fingerprint "
-              "FROM ledger_entries ORDER BY entry_id",
+              "FROM ledger_entries ORDER BY txn_id",
     "orphans": "SELECT txn_id, state, applied FROM orphan_reversals ORDER BY txn_id",
     "early": "SELECT txn_id, state, applied FROM early_clearings ORDER BY txn_id",
     "accounts": "SELECT account_id, balance, held FROM accounts ORDER BY account_id",
