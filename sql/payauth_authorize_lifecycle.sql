@@ -100,7 +100,6 @@ DECLARE
     amt        numeric;
     decision   text;
     n_written  bigint;
-    n_expected bigint;
     -- The controls, as payauth_authorize_purchases keeps them.
     judged     boolean;
     verdicts   text[];
@@ -316,14 +315,7 @@ BEGIN
                   hlim)
                WITH ORDINALITY
                AS u(id, acct, cur, kind, amt, inc, rem, state, by, rel, live, lim, pos)
-     WHERE u.pos > n_found AND u.live
-        ON CONFLICT (txn_id) DO NOTHING;
-    GET DIAGNOSTICS n_written = ROW_COUNT;
-    SELECT count(*) INTO n_expected FROM unnest(hlive[n_found + 1:]) AS u(live) WHERE u.live;
-    IF n_written <> n_expected THEN
-        RAISE EXCEPTION 'holds placed already (% of %)', n_written, n_expected
-              USING ERRCODE = 'PA409';
-    END IF;
+     WHERE u.pos > n_found AND u.live;
     UPDATE holds h
        SET remaining = u.rem, incremented = u.inc, state = u.state,
            ended_at = CASE WHEN u.state <> 'ACTIVE' THEN now() END,
@@ -374,13 +366,7 @@ BEGIN
                 acur, orig, applied, forced, bamt, bcur, pok, approved, fin, hold, lb, mtime,
                 card, cat, country, cstat, cexp, blocks, lim, ord)
       LEFT JOIN payauth_limits_read(pmsg, plimit, pstart, pmax_amt, pmax_cnt, seen_amt,
-                                    seen_cnt) l ON l.ord = t.ord
-        ON CONFLICT (txn_id, dedup_period) DO NOTHING;
-    GET DIAGNOSTICS n_written = ROW_COUNT;
-    IF n_written <> n THEN
-        RAISE EXCEPTION 'claimed % of %: another replica decided first', n_written, n
-              USING ERRCODE = 'PA409';
-    END IF;
+                                    seen_cnt) l ON l.ord = t.ord;
     INSERT INTO lifecycle_messages
            (txn_id, kind, account_id, amount, currency, fingerprint, original_txn_id,
             result, decline_reason, amount_applied, forced, orphan, ended_hold,
@@ -393,27 +379,13 @@ BEGIN
                   p_correlation_ids, p_final, grants)
            AS t(txn, kind, acct, amt, cur, fp, orig, res, reason, applied, forced, ended,
                 corr, fin, approved)
-     WHERE t.kind IN ('AUTHORIZATION', 'ADVICE', 'REVERSAL', 'CLEARING', 'INCREMENTAL')
-        ON CONFLICT (txn_id) DO NOTHING;
-    GET DIAGNOSTICS n_written = ROW_COUNT;
-    IF n_written <> (SELECT count(*) FROM unnest(p_auth_types) AS t(kind)
-                      WHERE t.kind IN ('AUTHORIZATION', 'ADVICE', 'REVERSAL', 'CLEARING',
-                                       'INCREMENTAL')) THEN
-        RAISE EXCEPTION 'a lifecycle message of the batch was decided already'
-              USING ERRCODE = 'PA409';
-    END IF;
+     WHERE t.kind IN ('AUTHORIZATION', 'ADVICE', 'REVERSAL', 'CLEARING', 'INCREMENTAL');
     INSERT INTO ledger_entries (txn_id, account_id, amount, currency, type, created_at,
                                 request_fingerprint)
     SELECT t.txn, t.acct, t.delta, t.cur, t.kind, p_processed_at, t.asked
       FROM unnest(p_txn_ids, p_account_ids, deltas, seen_cur, p_auth_types, asked)
            AS t(txn, acct, delta, cur, kind, asked)
-     WHERE t.delta <> 0
-        ON CONFLICT (txn_id) DO NOTHING;
-    GET DIAGNOSTICS n_written = ROW_COUNT;
-    IF n_written <> (SELECT count(*) FROM unnest(deltas) AS d WHERE d <> 0) THEN
-        RAISE EXCEPTION 'a ledger entry of the batch was written already'
-              USING ERRCODE = 'PA409';
-    END IF;
+     WHERE t.delta <> 0;
     IF judged THEN
         PERFORM payauth_limits_charge(c.under, c.txn, c.lim, c.start, c.amount)
            FROM payauth_limits_counted(pmsg, plimit, pstart, pgrant, p_txn_ids, p_auth_types,

@@ -273,7 +273,8 @@ def translate(exc: BaseException) -> BaseException:
     if isinstance(exc, asyncpg.QueryCanceledError):  # statement_timeout
         return StatementTimedOut(f"{type(exc).__name__}: {str(exc)[:200]}")
     if isinstance(exc, asyncpg.UniqueViolationError):
-        # Both claims use ON CONFLICT, so this is another replica's concurrent insert.
+        # payauth_authorize answers a claim's key violated with PA409 (above); a key violated
+        # elsewhere is retried as a lost claim too, the batch looked up again first.
         return ClaimLost(f"unique violation on {exc.constraint_name}: another replica won")
     if isinstance(exc, _RETRYABLE):
         return TransientError(f"{type(exc).__name__}: retry")

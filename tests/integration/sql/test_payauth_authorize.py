@@ -176,6 +176,85 @@ def test_a_lost_claim_writes_nothing_of_the_batch(env: stack.Env) -> None:
     assert rows == [] and ledger == []
 
 
+# A key of the batch already in another table a route writes by transaction_id (its dedup
+# record purged, or another replica's write the lookup missed): the route's INSERT violates
+# it and payauth_authorize answers PA409, whichever the route.
+_WRITTEN_FIRST = {
+    "ledger_entries": ("PURCHASE", "INSERT INTO ledger_entries (txn_id, account_id, amount, "
+                                   "currency, type, created_at) "
+                                   "VALUES ($1, 'FN-A', -1, 'EUR', 'PURCHASE', now())"),
+    "lifecycle_messages": ("AUTHORIZATION",
+                           "INSERT INTO lifecycle_messages (txn_id, kind, account_id, amount, "
+                           "currency, fingerprint, result, processed_at) VALUES "
+                           "($1, 'AUTHORIZATION', 'FN-A', 1, 'EUR', 'fp', 'APPROVED', now())"),
+}
+
+
+@pytest.mark.parametrize("table", sorted(_WRITTEN_FIRST))
+def test_a_key_written_first_in_any_table_of_a_route_loses_the_claim(env: stack.Env,
+                                                                      table: str) -> None:
+    kind, insert = _WRITTEN_FIRST[table]
+    txn = f"FN-first-{uuid.uuid4().hex[:8]}"
+
+    async def scenario() -> tuple[dict[str, Account], dict[str, Account]]:
+        await _seed(env.dsn)
+        conn = await asyncpg.connect(env.dsn)
+        try:
+            await conn.execute(insert, txn)
+        finally:
+            await conn.close()
+        before = await _accounts(env.dsn)
+        store = await PostgresStore.connect(env.dsn)
+        try:
+            with pytest.raises(ClaimLost) as lost:
+                await store.authorize([authorization(f"{txn}-other", "FN-A", "1.00"),
+                                       authorization(txn, "FN-A", "2.00", kind)],
+                                      source_topic="t", source_partitions=[0, 0],
+                                      source_offsets=[0, 1])
+            assert getattr(lost.value.__cause__, "sqlstate", None) == "PA409"  # the SQL's
+        finally:
+            await store.close()
+        return before, await _accounts(env.dsn)
+
+    before, after = asyncio.run(scenario())
+    assert after == before
+    assert stack.fetch(env.dsn, "SELECT txn_id FROM processed_transactions "
+                                "WHERE txn_id LIKE $1", f"{txn}%") == []
+
+
+def test_a_key_of_another_table_violated_is_raised_as_it_is(env: stack.Env) -> None:
+    """Only the keys of what a route claims or writes by transaction_id are a lost claim: a
+    fault elsewhere (here a unique index on the accounts' update time, which a batch moving
+    two accounts at once violates) comes out of the statement as it is: not PA409."""
+    async def scenario() -> None:
+        await _seed(env.dsn)
+        conn = await asyncpg.connect(env.dsn)
+        try:
+            await conn.execute("UPDATE accounts a SET updated_at = 'epoch'::timestamptz "
+                               "+ n.n * interval '1 s' FROM (SELECT account_id, row_number() "
+                               "OVER () AS n FROM accounts) n WHERE n.account_id = a.account_id")
+            await conn.execute("CREATE UNIQUE INDEX fn_one_update_time ON accounts (updated_at)")
+            try:
+                store = await PostgresStore.connect(env.dsn)
+                try:
+                    with pytest.raises(ClaimLost) as lost:  # (the adapter's safety net)
+                        await store.authorize([authorization("FN-x-1", "FN-A", "1.00"),
+                                               authorization("FN-x-2", "FN-D", "1.00")],
+                                              source_topic="t", source_partitions=[0, 0],
+                                              source_offsets=[0, 1])
+                    cause = lost.value.__cause__
+                    assert isinstance(cause, asyncpg.UniqueViolationError), cause
+                    assert cause.constraint_name == "fn_one_update_time"
+                finally:
+                    await store.close()
+            finally:
+                await conn.execute("DROP INDEX fn_one_update_time")
+        finally:
+            await conn.close()
+
+    asyncio.run(scenario())
+
+
 @pytest.mark.parametrize("values", [
     [], ["TXN-1"], [None], ["A", None, "B", None], [None, None], ["12.50", "0.001", "1000"],
     [f"TXN-{i}" for i in range(2_000)], ["!#$%&'()*+,-./:;<=>?@[]^_`{|}~\"", "\\", "ü €"],
