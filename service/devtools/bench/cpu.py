@@ -3,7 +3,7 @@
 ``sample(worker_pid)`` before and after a phase; ``per_item(before, after, n)`` gives µs of
 CPU (user + system) per item for the worker, PostgreSQL (every backend and the postmaster's
 helpers), the Kafka broker (its JVM) and Redis. A process that ends between the samples
-takes its CPU time with it (short-lived connections: a small undercount).
+counts in its parent's (a backend's in the postmaster's, once reaped).
 
 ``snapshot(worker_pid)`` before and after a step of steady load; ``cores(before, after)``
 gives the cores each kind kept busy on average, the load generator's (this process) and the
@@ -32,7 +32,9 @@ def _ticks(pid: int) -> int | None:
     except OSError:
         return None
     fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
-    return int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+    # utime, stime, and the children's it waited for (fields 14 to 17 of stat): a backend
+    # that ended between two samples is counted in its postmaster's
+    return sum(int(f) for f in fields[11:15])
 
 
 def _kind(pid: int, worker_pid: int) -> str | None:

@@ -1,0 +1,158 @@
+"""PostgreSQL's CPU per authorization of the worker's statement, this tree against another
+revision, paired: how a change to the SQL (a definition, an index, a migration) is measured
+before it is kept (docs/benchmark.md, "Design figures").
+
+    python -m service.devtools.bench.pair --base REV [--rounds 4] [--calls 30] [--batch 1000]
+
+Each side gets a database of its own, made by its own tree's ``payauth migrate`` (the base's
+from a checkout of REV in a temporary directory), 10,000 euro accounts, and its own
+statement (``pgbench.script``: purchases of 1.00 on random accounts, one call a batch). The
+sides then run in turn, ABBA, ``--calls`` calls each turn on one connection (pgbench), while
+nothing else runs: the CPU of every PostgreSQL process (the backend, the WAL writer,
+autovacuum: what the primary pays, as ``cpu.py`` reads it) and the WAL written, per
+authorization. Each side's dedup store grows alike, turn by turn. A line per turn, then the
+medians and their ratio (this tree / base: below 1 is cheaper).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import asyncpg
+
+from service.config import load_settings
+from service.devtools import scratch
+from service.devtools.bench import cpu
+
+ROOT = Path(__file__).resolve().parents[3]
+ACCOUNTS = 10_000
+
+_PREPARE = """
+import asyncio, sys
+from service.devtools import scratch
+from service.devtools.bench import pgbench
+dsn, name, batch, accounts, out = sys.argv[1:6]
+print(asyncio.run(scratch.create_database(dsn, name)))
+open(out, "w").write(pgbench.script(int(batch), int(accounts)))
+"""
+
+
+def _prepare(tree: Path, dsn: str, name: str, batch: int, script: Path) -> str:
+    """A database ``name`` migrated by ``tree``'s code, and its statement's pgbench script
+    in ``script``; returns the database's DSN."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    done = subprocess.run([sys.executable, "-c", _PREPARE, dsn, name, str(batch),
+                           str(ACCOUNTS), str(script)],
+                          cwd=tree, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"pair: preparing {name} from {tree} failed:\n{done.stderr[-3000:]}")
+    return done.stdout.strip().splitlines()[-1]
+
+
+async def _seed(dsn: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(
+            "INSERT INTO accounts (account_id, balance, opening_balance, currency) "
+            f"SELECT 'BA-' || lpad(g::text, 5, '0'), 1e9, 1e9, 'EUR' "
+            f"FROM generate_series(0, {ACCOUNTS - 1}) g")
+        await conn.execute("ANALYZE")
+    finally:
+        await conn.close()
+
+
+async def _wal_lsn(dsn: str) -> int:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return int(await conn.fetchval(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint"))
+    finally:
+        await conn.close()
+
+
+def _pgbench(dsn: str, script: Path, calls: int) -> None:
+    rest = dsn.split("://", 1)[1].split("?", 1)[0]
+    hostport, db = rest.split("/", 1)
+    user = hostport.split("@")[0] if "@" in hostport else None
+    host, _, port = hostport.split("@")[-1].partition(":")
+    cmd = ["pgbench", "-n", "-M", "prepared", "-c", "1", "-t", str(calls), "-f", str(script),
+           "-h", host, "-p", port or "5432", db]
+    if user:
+        cmd += ["-U", user.split(":")[0]]
+    subprocess.run(cmd, capture_output=True, text=True, check=True)
+
+
+def _turn(dsn: str, script: Path, calls: int, batch: int) -> tuple[float, float]:
+    """µs of PostgreSQL CPU and bytes of WAL per authorization over one turn."""
+    import asyncio
+
+    wal = asyncio.run(_wal_lsn(dsn))
+    before = cpu.sample(worker_pid=-1)
+    _pgbench(dsn, script, calls)
+    time.sleep(0.5)  # the backend ended: counted once its postmaster has reaped it
+    after = cpu.sample(worker_pid=-1)
+    wal = asyncio.run(_wal_lsn(dsn)) - wal
+    n = calls * batch
+    return cpu.per_item(before, after, n)["postgres"], wal / n
+
+
+def main() -> int:
+    import asyncio
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base", required=True, help="the revision to measure against")
+    parser.add_argument("--rounds", type=int, default=4, help="ABBA rounds")
+    parser.add_argument("--calls", type=int, default=30, help="calls a turn")
+    parser.add_argument("--batch", type=int, default=1000, help="authorizations a call")
+    args = parser.parse_args()
+
+    dsn = load_settings().database_url.get_secret_value()
+    run = uuid.uuid4().hex[:8]
+    names = {"base": f"pair_{run}_base", "this": f"pair_{run}_this"}
+    with tempfile.TemporaryDirectory(prefix="payauth-pair-") as tmp:
+        base_tree = Path(tmp, "base")
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(base_tree),
+                        args.base], check=True, capture_output=True)
+        try:
+            trees = {"base": base_tree, "this": ROOT}
+            scripts = {side: Path(tmp, f"{side}.sql") for side in trees}
+            dsns = {side: _prepare(trees[side], dsn, names[side], args.batch, scripts[side])
+                    for side in trees}
+            for side_dsn in dsns.values():
+                asyncio.run(_seed(side_dsn))
+            figures: dict[str, list[tuple[float, float]]] = {"base": [], "this": []}
+            for _ in range(2):  # warm both: caches, plans, the first periods
+                for side in trees:
+                    _turn(dsns[side], scripts[side], max(2, args.calls // 5), args.batch)
+            for r in range(args.rounds):
+                order = ("base", "this") if r % 2 == 0 else ("this", "base")
+                for side in order + tuple(reversed(order)):
+                    us, wal = _turn(dsns[side], scripts[side], args.calls, args.batch)
+                    figures[side].append((us, wal))
+                    print(f"round {r + 1} {side:<4} {us:7.1f} µs {wal:7.0f} B WAL "
+                          f"per authorization", flush=True)
+                    time.sleep(1)
+            med = {side: (statistics.median(u for u, _ in f), statistics.median(w for _, w in f))
+                   for side, f in figures.items()}
+            for side, (us, wal) in med.items():
+                print(f"median {side:<4} {us:7.1f} µs {wal:7.0f} B WAL per authorization")
+            print(f"ratio this/base: CPU {med['this'][0] / med['base'][0]:.3f}, "
+                  f"WAL {med['this'][1] / med['base'][1]:.3f}")
+        finally:
+            for name in names.values():
+                asyncio.run(scratch.drop_database(dsn, name))
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
+                            str(base_tree)], check=False, capture_output=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
