@@ -1,17 +1,19 @@
-"""PostgreSQL's CPU per authorization of the worker's statement, this tree against another
+"""PostgreSQL's CPU per message of the worker's statement, this tree against another
 revision, paired: how a change to the SQL (a definition, an index, a migration) is measured
-before it is kept (docs/benchmark.md, "Design figures").
+before it is kept (docs/benchmark.md, "Where PostgreSQL's CPU per authorization goes").
 
-    python -m service.devtools.bench.pair --base REV [--rounds 4] [--calls 30] [--batch 1000]
+    python -m service.devtools.bench.pair --base REV [--kind purchases|lifecycle]
+        [--rounds 4] [--calls 30] [--batch 1000]
 
 Each side gets a database of its own, made by its own tree's ``payauth migrate`` (the base's
-from a checkout of REV in a temporary directory), 10,000 euro accounts, and its own
-statement (``pgbench.script``: purchases of 1.00 on random accounts, one call a batch). The
-sides then run in turn, ABBA, ``--calls`` calls each turn on one connection (pgbench), while
+from a checkout of REV in a temporary directory), 10,000 euro accounts, and a pgbench script
+of its own statement (``pgbench.script``: purchases of 1.00 on random accounts, one call a
+batch; ``pgbench.lifecycle_script``: a batch of AUTHORIZATIONs, then a CLEARING of each).
+The sides then run in turn, ABBA, ``--calls`` scripts each turn on one connection, while
 nothing else runs: the CPU of every PostgreSQL process (the backend, the WAL writer,
-autovacuum: what the primary pays, as ``cpu.py`` reads it) and the WAL written, per
-authorization. Each side's dedup store grows alike, turn by turn. A line per turn, then the
-medians and their ratio (this tree / base: below 1 is cheaper).
+autovacuum: what the primary pays, as ``cpu.py`` reads it) and the WAL written, per message.
+Each side's store grows alike, turn by turn. A line per turn, then the medians and their
+ratio (this tree / base: below 1 is cheaper).
 """
 
 from __future__ import annotations
@@ -30,30 +32,34 @@ import asyncpg
 
 from service.config import load_settings
 from service.devtools import scratch
-from service.devtools.bench import cpu
+from service.devtools.bench import cpu, pgbench
 
 ROOT = Path(__file__).resolve().parents[3]
 ACCOUNTS = 10_000
 
 _PREPARE = """
 import asyncio, sys
+from service.adapters.postgres import AUTHORIZE_STATEMENT
 from service.devtools import scratch
-from service.devtools.bench import pgbench
-dsn, name, batch, accounts, out = sys.argv[1:6]
+dsn, name, out = sys.argv[1:4]
 print(asyncio.run(scratch.create_database(dsn, name)))
-open(out, "w").write(pgbench.script(int(batch), int(accounts)))
+open(out, "w").write(AUTHORIZE_STATEMENT)
 """
+# A kind's script, and the messages a run of it decides per batch.
+SCRIPTS = {"purchases": (pgbench.script, 1), "lifecycle": (pgbench.lifecycle_script, 2)}
 
 
-def _prepare(tree: Path, dsn: str, name: str, batch: int, script: Path) -> str:
-    """A database ``name`` migrated by ``tree``'s code, and its statement's pgbench script
-    in ``script``; returns the database's DSN."""
+def _prepare(tree: Path, dsn: str, name: str, kind: str, batch: int, script: Path) -> str:
+    """A database ``name`` migrated by ``tree``'s code, and a pgbench script of ``tree``'s
+    statement in ``script``; returns the database's DSN."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    done = subprocess.run([sys.executable, "-c", _PREPARE, dsn, name, str(batch),
-                           str(ACCOUNTS), str(script)],
+    statement = script.with_suffix(".statement")
+    done = subprocess.run([sys.executable, "-c", _PREPARE, dsn, name, str(statement)],
                           cwd=tree, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"pair: preparing {name} from {tree} failed:\n{done.stderr[-3000:]}")
+    build, _ = SCRIPTS[kind]
+    script.write_text(build(batch, ACCOUNTS, statement.read_text()))
     return done.stdout.strip().splitlines()[-1]
 
 
@@ -87,11 +93,14 @@ def _pgbench(dsn: str, script: Path, calls: int) -> None:
            "-h", host, "-p", port or "5432", db]
     if user:
         cmd += ["-U", user.split(":")[0]]
-    subprocess.run(cmd, capture_output=True, text=True, check=True)
+    # (The worker's sessions plan each execution for its own arrays: adapters/postgres.py.)
+    env = {**os.environ, "PGOPTIONS": "-c plan_cache_mode=force_custom_plan"}
+    subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
 
 
-def _turn(dsn: str, script: Path, calls: int, batch: int) -> tuple[float, float]:
-    """µs of PostgreSQL CPU and bytes of WAL per authorization over one turn."""
+def _turn(dsn: str, script: Path, calls: int, messages: int) -> tuple[float, float]:
+    """µs of PostgreSQL CPU and bytes of WAL per message over one turn (``messages`` a
+    run of the script)."""
     import asyncio
 
     wal = asyncio.run(_wal_lsn(dsn))
@@ -100,7 +109,7 @@ def _turn(dsn: str, script: Path, calls: int, batch: int) -> tuple[float, float]
     time.sleep(0.5)  # the backend ended: counted once its postmaster has reaped it
     after = cpu.sample(worker_pid=-1)
     wal = asyncio.run(_wal_lsn(dsn)) - wal
-    n = calls * batch
+    n = calls * messages
     return cpu.per_item(before, after, n)["postgres"], wal / n
 
 
@@ -109,9 +118,10 @@ def main() -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", required=True, help="the revision to measure against")
+    parser.add_argument("--kind", choices=sorted(SCRIPTS), default="purchases")
     parser.add_argument("--rounds", type=int, default=4, help="ABBA rounds")
-    parser.add_argument("--calls", type=int, default=30, help="calls a turn")
-    parser.add_argument("--batch", type=int, default=1000, help="authorizations a call")
+    parser.add_argument("--calls", type=int, default=30, help="runs of the script a turn")
+    parser.add_argument("--batch", type=int, default=1000, help="messages a call")
     args = parser.parse_args()
 
     dsn = load_settings().database_url.get_secret_value()
@@ -124,26 +134,28 @@ def main() -> int:
         try:
             trees = {"base": base_tree, "this": ROOT}
             scripts = {side: Path(tmp, f"{side}.sql") for side in trees}
-            dsns = {side: _prepare(trees[side], dsn, names[side], args.batch, scripts[side])
+            dsns = {side: _prepare(trees[side], dsn, names[side], args.kind, args.batch,
+                                   scripts[side])
                     for side in trees}
+            messages = args.batch * SCRIPTS[args.kind][1]
             for side_dsn in dsns.values():
                 asyncio.run(_seed(side_dsn))
             figures: dict[str, list[tuple[float, float]]] = {"base": [], "this": []}
             for _ in range(2):  # warm both: caches, plans, the first periods
                 for side in trees:
-                    _turn(dsns[side], scripts[side], max(2, args.calls // 5), args.batch)
+                    _turn(dsns[side], scripts[side], max(2, args.calls // 5), messages)
             for r in range(args.rounds):
                 order = ("base", "this") if r % 2 == 0 else ("this", "base")
                 for side in order + tuple(reversed(order)):
-                    us, wal = _turn(dsns[side], scripts[side], args.calls, args.batch)
+                    us, wal = _turn(dsns[side], scripts[side], args.calls, messages)
                     figures[side].append((us, wal))
                     print(f"round {r + 1} {side:<4} {us:7.1f} µs {wal:7.0f} B WAL "
-                          f"per authorization", flush=True)
+                          f"per message", flush=True)
                     time.sleep(1)
             med = {side: (statistics.median(u for u, _ in f), statistics.median(w for _, w in f))
                    for side, f in figures.items()}
             for side, (us, wal) in med.items():
-                print(f"median {side:<4} {us:7.1f} µs {wal:7.0f} B WAL per authorization")
+                print(f"median {side:<4} {us:7.1f} µs {wal:7.0f} B WAL per message")
             print(f"ratio this/base: CPU {med['this'][0] / med['base'][0]:.3f}, "
                   f"WAL {med['this'][1] / med['base'][1]:.3f}")
         finally:
