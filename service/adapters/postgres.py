@@ -149,18 +149,26 @@ SELECT p.txn_id, p.fingerprint, p.result, p.decline_reason, p.account_id,
         WHERE r.original_txn_id = p.txn_id AND r.state = 'APPLIED') o ON true
  WHERE p.txn_id = ANY({split("$1")})
 UNION ALL
-SELECT k.id, m.fingerprint, coalesce(m.result, 'APPROVED'), m.decline_reason,
-       coalesce(m.account_id, l.account_id), coalesce(m.amount, abs(l.amount))::text,
-       coalesce(m.currency, l.currency), coalesce(m.kind, l.type), m.correlation_id,
-       coalesce(m.processed_at, l.created_at), NULL, NULL, true, m.txn_id IS NULL,
-       m.original_txn_id, m.amount_applied::text, m.forced, m.orphan, NULL, NULL, NULL, NULL,
-       NULL, NULL, NULL, NULL, NULL, NULL, m.final, NULL, NULL, NULL, l.request_fingerprint,
+SELECT k.id, k.fingerprint, coalesce(k.result, 'APPROVED'), k.decline_reason,
+       coalesce(k.account_id, k.l_account), coalesce(k.amount, abs(k.l_amount))::text,
+       coalesce(k.currency, k.l_currency), coalesce(k.kind, k.l_type), k.correlation_id,
+       coalesce(k.processed_at, k.l_created), NULL, NULL, true, k.txn_id IS NULL,
+       k.original_txn_id, k.amount_applied::text, k.forced, k.orphan, NULL, NULL, NULL, NULL,
+       NULL, NULL, NULL, NULL, NULL, NULL, k.final, NULL, NULL, NULL, k.l_fingerprint,
        NULL, NULL
-  FROM unnest({split("$1")}) AS k(id)
-  LEFT JOIN lifecycle_messages m ON m.txn_id = k.id
-  LEFT JOIN ledger_entries l ON l.txn_id = k.id AND l.type IN ('PURCHASE', 'REFUND')
- WHERE (m.txn_id IS NOT NULL OR l.txn_id IS NOT NULL)
-   AND NOT EXISTS (SELECT 1 FROM processed_transactions p WHERE p.txn_id = k.id)
+  FROM (SELECT k.id, m.txn_id, m.fingerprint, m.result, m.decline_reason, m.account_id,
+               m.amount, m.currency, m.kind, m.correlation_id, m.processed_at,
+               m.original_txn_id, m.amount_applied, m.forced, m.orphan, m.final,
+               l.account_id AS l_account, l.amount AS l_amount,
+               l.currency AS l_currency, l.type AS l_type, l.created_at AS l_created,
+               l.request_fingerprint AS l_fingerprint, l.txn_id AS l_txn
+          FROM unnest({split("$1")}) AS k(id)
+          LEFT JOIN lifecycle_messages m ON m.txn_id = k.id
+          LEFT JOIN ledger_entries l ON l.txn_id = k.id AND l.type IN ('PURCHASE', 'REFUND')
+         WHERE m.txn_id IS NOT NULL OR l.txn_id IS NOT NULL
+        -- (A fence: only the few keys found here probe every period of the dedup store.)
+        OFFSET 0) AS k
+ WHERE NOT EXISTS (SELECT 1 FROM processed_transactions p WHERE p.txn_id = k.id)
 """
 
 # Locks, decides and writes the batch, and commits on its own: one round trip
