@@ -10,7 +10,7 @@ BENCH_OUT ?= .bench/results.json
 STAMP := $(VENV)/.installed
 
 .PHONY: help venv stack-up stack-down stack-status test-tools migrate run demo test test-unit \
-        test-deploy test-integration test-e2e check lint types bench chaos lock clean \
+        test-deploy test-integration test-e2e check lint types bench soak chaos lock clean \
         ha-up ha-down ha-status ha-chaos ha-smoke image test-containers \
         secure-up secure-down secure-status secure-smoke k8s-api k8s-api-down
 
@@ -108,6 +108,9 @@ test-e2e: stack-up ## end-to-end tests
 
 bench: stack-up ## benchmark report, ratios against baselines run alongside; JSON to $(BENCH_OUT)
 	@BENCH_OUT=$(BENCH_OUT) $(PY) -m service.devtools.bench.run
+
+soak: stack-up ## a steady load at half the drain rate, purged every minute: does anything grow? (SOAK_MINUTES, 30)
+	@$(PY) -m service.devtools.bench.soak
 
 chaos: stack-up migrate ## fault-injection run + invariant checker (CHAOS_SECONDS, CHAOS_SEED)
 	@$(PY) -m service.devtools.chaos.run

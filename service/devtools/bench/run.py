@@ -201,7 +201,9 @@ class Bench:
         assert producer.flush(120) == 0, "backlog not fully produced"
 
     # --------------------------------------------------------------- workers
-    def worker(self, topic: str, group: str, name: str) -> WorkerProcess:
+    def worker(self, topic: str, group: str, name: str, *,
+               settings: dict[str, str] | None = None) -> WorkerProcess:
+        """``settings``: PAYAUTH_* variables of this worker's, over the bench's."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("PAYAUTH_")}
         env.update({
             "PAYAUTH_KAFKA_BOOTSTRAP_SERVERS": self.bootstrap, "PAYAUTH_GROUP_ID": group,
@@ -214,6 +216,7 @@ class Bench:
             # a million entries in the local Redis for a day.
             "PAYAUTH_DEDUP_TTL_SECONDS": "3600",
         })
+        env.update(settings or {})
         # Worker settings to try, e.g. BENCH_WORKER_ENV="PAYAUTH_MAX_BATCH_SIZE=1000".
         for pair in os.environ.get("BENCH_WORKER_ENV", "").split():
             name, _, value = pair.partition("=")
@@ -737,7 +740,8 @@ class Bench:
         return 0 if ok else 1
 
     def cleanup(self) -> None:
-        scratch.delete_topics(self.bootstrap, self.topics)
+        if self.topics:
+            scratch.delete_topics(self.bootstrap, self.topics)
         asyncio.run(scratch.drop_database(self.dsn, self.database))
 
 

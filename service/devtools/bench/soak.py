@@ -1,0 +1,238 @@
+"""``make soak``: hours of an ordinary day, shortened: does anything grow that should not?
+
+One worker, purging itself every minute (``PAYAUTH_PURGE_INTERVAL_SECONDS``) with a retention
+window of minutes (``SOAK_RETENTION_MINUTES``, 5) over a dedup store of periods of half the
+window (the purge drops whole periods, as at a bank's with a day's), takes a steady load at
+half the rate it drains a backlog at (measured first, on the same worker) for
+``SOAK_MINUTES`` (30; hours are a setting). The load is sent in steps of ``SOAK_STEP_SECONDS``
+(60); after each, the step's p50 and p99 (produce → result event, ``paced.PacedLoad``), the
+worker's resident memory, and the dedup store's size (every period's partition, indexes
+and all) are kept. At the end, ``payauth verify`` on the database.
+
+What it answers (``summarize``): the p99 and the memory of the last five minutes against the
+first five (the median of the steps' p99 in each, the mean of the memory: within 1.2 times); the
+store's size over the last five minutes against the five once it could first be full (the
+window, two periods and a purge interval after the start: within 1.2 times, "flat"); how many
+periods the purge dropped; and verify's verdict. JSON to ``SOAK_OUT`` (.soak/results.json).
+Topics keep ten minutes of messages, and the worker's log (INFO, as in production) is read
+for failed purges and removed: a soak of hours does not fill the disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+from confluent_kafka.admin import AdminClient
+from pydantic import SecretStr
+
+from service.config import load_settings
+from service.devtools.bench import paced
+from service.devtools.bench.run import FULL, PARTITIONS, Bench, log
+from service.devtools.chaos.purges import dedup_period_seconds
+from service.devtools.processes import ROOT, WorkerProcess
+from service.ops.topics import NewTopic
+from service.ops.verify import report, verify
+
+WINDOW_MINUTES = 5.0  # the first and the last stretch compared
+BOUND = 1.2
+BACKLOG = 60_000  # the drain rate's backlog
+PURGE_INTERVAL_SECONDS = 60
+
+
+@dataclass(frozen=True)
+class Sample:
+    minute: float  # when the step ended, from the start of the load
+    rate_per_s: float
+    samples: int
+    missing: int
+    p50_ms: float
+    p99_ms: float
+    rss_mb: float
+    store_bytes: int
+    periods: list[str]
+
+
+def summarize(samples: list[Sample], *, retention_minutes: float, period_minutes: float
+              ) -> dict[str, Any]:
+    """The soak's answers from its steps (in time order)."""
+    end = samples[-1].minute
+    first = [s for s in samples if s.minute <= WINDOW_MINUTES]
+    last = [s for s in samples if s.minute > end - WINDOW_MINUTES]
+    full_from = retention_minutes + 2 * period_minutes + PURGE_INTERVAL_SECONDS / 60
+    settled = [s for s in samples if full_from < s.minute <= full_from + WINDOW_MINUTES]
+    seen: set[str] = set()
+    for s in samples:
+        seen |= set(s.periods)
+    dropped = seen - set(samples[-1].periods)
+    out: dict[str, Any] = {
+        "minutes": round(end, 1),
+        "messages": sum(s.samples for s in samples),
+        "missing": sum(s.missing for s in samples),
+        "periods_dropped": len(dropped),
+        "p99_ms_first": statistics.median(s.p99_ms for s in first) if first else None,
+        "p99_ms_last": statistics.median(s.p99_ms for s in last),
+        "rss_mb_first": statistics.fmean(s.rss_mb for s in first) if first else None,
+        "rss_mb_last": statistics.fmean(s.rss_mb for s in last),
+        "store_mb_settled": (statistics.fmean(s.store_bytes for s in settled) / 2**20
+                             if settled else None),
+        "store_mb_last": statistics.fmean(s.store_bytes for s in last) / 2**20,
+    }
+    for name, before, after in (("ratio_p99_last_vs_first", "p99_ms_first", "p99_ms_last"),
+                                ("ratio_rss_last_vs_first", "rss_mb_first", "rss_mb_last"),
+                                ("ratio_store_last_vs_settled", "store_mb_settled",
+                                 "store_mb_last")):
+        out[name] = (round(out[after] / out[before], 3)
+                     if out[before] not in (None, 0) else None)
+    return out
+
+
+def met(summary: dict[str, Any]) -> bool:
+    ratios = [summary[k] for k in ("ratio_p99_last_vs_first", "ratio_rss_last_vs_first",
+                                   "ratio_store_last_vs_settled")]
+    return (all(r is not None and r <= BOUND for r in ratios)
+            and summary["periods_dropped"] > 0 and summary["missing"] == 0)
+
+
+_STORE = """
+SELECT c.relname, pg_total_relation_size(c.oid) AS bytes
+  FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+ WHERE i.inhparent = 'processed_transactions'::regclass
+"""
+
+
+async def _store(dsn: str) -> tuple[int, list[str]]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch(_STORE)
+    finally:
+        await conn.close()
+    return sum(int(r["bytes"]) for r in rows), sorted(r["relname"] for r in rows)
+
+
+async def _set_period(dsn: str, seconds: int) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.fetch("SELECT * FROM payauth_dedup_set_period($1)", seconds)
+    finally:
+        await conn.close()
+
+
+def _rss_mb(worker: WorkerProcess) -> float:
+    assert worker.proc is not None
+    status = Path(f"/proc/{worker.proc.pid}/status").read_text()
+    match = re.search(r"VmRSS:\s+(\d+) kB", status)
+    return int(match.group(1)) / 1024 if match else float("nan")
+
+
+def _count(worker: WorkerProcess, event: str) -> int:
+    """Lines of ``event`` in the worker's log, read a line at a time (hours of a batch's
+    decisions a line: too much to parse whole); the log is removed after."""
+    needle, n = f'"event":"{event}"', 0
+    with worker.log_path.open(errors="replace") as lines:
+        for line in lines:
+            n += needle in line
+    worker.log_path.unlink()
+    return n
+
+
+def _topic(bench: Bench, name: str) -> str:
+    """An input topic and its output and dead-letter topics, keeping ten minutes."""
+    full = f"bench.{bench.run}.{name}"
+    names = [full, full + ".out", full + ".dlq"]
+    admin = AdminClient({"bootstrap.servers": bench.bootstrap})  # kept until they answer
+    futures = admin.create_topics(
+        [NewTopic(n, num_partitions=PARTITIONS, replication_factor=1,
+                  config={"retention.ms": "600000"}) for n in names])
+    for future in futures.values():
+        future.result()
+    bench.topics += names
+    return full
+
+
+def soak(bench: Bench, minutes: float, retention_minutes: float, step_seconds: float
+         ) -> dict[str, Any]:
+    period = dedup_period_seconds(retention_minutes * 60)
+    asyncio.run(bench.prepare_db())
+    asyncio.run(_set_period(bench.dsn, period))
+    topic, group = _topic(bench, "soak"), f"bench-soak-{bench.run}"
+    worker = bench.worker(topic, group, "soak", settings={
+        "PAYAUTH_DEDUP_RETENTION_HOURS": str(retention_minutes / 60),
+        "PAYAUTH_PURGE_INTERVAL_SECONDS": str(PURGE_INTERVAL_SECONDS),
+        "PAYAUTH_DEDUP_TTL_SECONDS": str(int(retention_minutes * 60)),
+    })
+    try:
+        bench.produce(topic, bench.messages(BACKLOG, tag="D"))
+        drain = bench.throughput(worker, group, topic, BACKLOG)
+        rate = drain / 2
+        log(f"drain rate {drain:,.0f} auth/s; the soak at {rate:,.0f} auth/s for "
+            f"{minutes:.0f} min, a window of {retention_minutes:g} min, periods of {period} s")
+        assert worker.proc is not None
+        load = paced.PacedLoad(bench.bootstrap, topic, topic + ".out", PARTITIONS,
+                               bench.records, name=f"soak-{bench.run}",
+                               under_test=worker.proc.pid)
+        samples: list[Sample] = []
+        started = time.monotonic()
+        while time.monotonic() - started < minutes * 60:
+            step = load.step(rate, step_seconds)
+            size, periods = asyncio.run(_store(bench.dsn))
+            sample = Sample((time.monotonic() - started) / 60, rate, step.samples,
+                            step.missing, round(step.p50_ms, 1), round(step.p99_ms, 1),
+                            round(_rss_mb(worker), 1), size, periods)
+            samples.append(sample)
+            log(f"{sample.minute:5.1f} min: p50 {sample.p50_ms:.1f} ms, p99 "
+                f"{sample.p99_ms:.1f} ms, {sample.samples} events ({sample.missing} "
+                f"missing), worker {sample.rss_mb:.0f} MB, store "
+                f"{size / 2**20:.1f} MB in {len(periods)} partitions")
+        load.close()
+    finally:
+        code = worker.terminate()
+    failed_purges = _count(worker, "purge_failed")
+    text, ok = report(asyncio.run(verify(bench.dsn)))
+    print(text)
+    summary = summarize(samples, retention_minutes=retention_minutes,
+                        period_minutes=period / 60)
+    summary |= {"drain_auth_per_s": round(drain, 1), "rate_auth_per_s": round(rate, 1),
+                "period_seconds": period, "retention_minutes": retention_minutes,
+                "purges_failed": failed_purges, "worker_exit": code, "verify_ok": ok}
+    summary["met"] = met(summary) and ok and code == 0 and failed_purges == 0
+    return {"summary": summary, "steps": [asdict(s) for s in samples]}
+
+
+def main() -> int:
+    minutes = float(os.environ.get("SOAK_MINUTES", "30"))
+    retention = float(os.environ.get("SOAK_RETENTION_MINUTES", "5"))
+    step = float(os.environ.get("SOAK_STEP_SECONDS", "60"))
+    out = Path(os.environ.get("SOAK_OUT", str(ROOT / ".soak/results.json")))
+    if minutes < 2 * WINDOW_MINUTES or retention < 1:
+        print(f"soak: SOAK_MINUTES must be at least {2 * WINDOW_MINUTES:g} (two stretches "
+              f"compared) and SOAK_RETENTION_MINUTES at least 1")
+        return 2
+    settings = load_settings()
+    settings = settings.model_copy(update={"redis_url": SecretStr(
+        settings.redis_url.get_secret_value())})
+    out.parent.mkdir(parents=True, exist_ok=True)
+    bench = Bench(settings, FULL, out, "INFO", phases=frozenset())
+    try:
+        result = soak(bench, minutes, retention, step)
+    finally:
+        bench.cleanup()
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    s = result["summary"]
+    print(json.dumps(s, indent=2))
+    print(f"soak: {'met' if s['met'] else 'NOT met'} (ratios within {BOUND}, periods dropped, "
+          f"nothing missing, verify clean)")
+    return 0 if s["met"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
