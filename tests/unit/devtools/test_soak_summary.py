@@ -1,4 +1,4 @@
-"""The soak's answers from its steps (``service/devtools/bench/soak.summarize``): which
+"""The soak's answers from its steps (``summarize`` in ``service/devtools/bench/soak.py``): which
 stretches are compared, and what counts as a period dropped."""
 
 from __future__ import annotations
