@@ -16,6 +16,8 @@
 --    ends. A claim of P-1 never waits for one of P, so they never deadlock.
 -- 3. The caller then probes period P-1 for its keys (payauth_authorize): a record a claim of
 --    P-1 committed after the caller's lookup is found there, and the claim is lost (PA409).
+--    Only in READ COMMITTED, where each statement sees what committed before it: a claim
+--    in a transaction of another isolation level is refused (SQLSTATE 25001).
 --
 -- Called first by payauth_authorize, before any row lock (a claim of P-1 it waits for may
 -- be waiting for an account); a second call in the same transaction answers the same
@@ -34,6 +36,13 @@ DECLARE
 BEGIN
     IF fenced <> '' THEN
         RETURN fenced::timestamptz;
+    END IF;
+    -- (Step 3 reads what claims of P-1 committed after this transaction began: a snapshot
+    -- taken for the whole transaction would not see them.)
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'a claim needs READ COMMITTED, not %',
+                        upper(current_setting('transaction_isolation'))
+              USING ERRCODE = '25001';
     END IF;
     period := payauth_dedup_period(payauth_dedup_clock());
     PERFORM pg_advisory_xact_lock_shared(fence + extract(epoch FROM period)::bigint);

@@ -1,12 +1,16 @@
 -- payauth_dedup_drop_period: detach the oldest partition of the dedup store whose whole
 -- period is past the retention window (p_retention_hours) and that keeps no record within
 -- it (an administrator may have set one's processed_at later), with the spending limits'
--- charges kept under its records (what a reversal of one would give back: after the window
--- it gives nothing back, which only ever keeps a limit stricter). One period a call, each
--- in its own transaction (`payauth purge` calls it until it answers nothing); returns the
+-- charges counted in that period (what a reversal would give back: after the window it
+-- gives nothing back, which only ever keeps a limit stricter). One period a call, each in
+-- its own transaction (`payauth purge` calls it until it answers nothing); returns the
 -- partition detached and how many records went with it (PostgreSQL's estimate for a
 -- partition analyzed), or no row. The detached partition is renamed NAME_purged, out of the
 -- store, and payauth_dedup_drop_purged drops it in a transaction of its own.
+--
+-- The charges are found by their period (a BRIN index), never by a join with the
+-- partition's records, which would read them all; only charges counted before charges had
+-- a period (migration 022) are found through the records they are kept under.
 --
 -- Never the period under way, the ones ahead or the default partition. Detaching a
 -- partition takes ACCESS EXCLUSIVE on the table for a moment (the claims under way finish
@@ -22,6 +26,8 @@ AS $$
 DECLARE
     cutoff timestamptz := payauth_dedup_clock() - p_retention_hours * interval '1 hour';
     victim text;
+    lower_ timestamptz;
+    upper_ timestamptz;
     kept   boolean;
     n      bigint;
 BEGIN
@@ -29,9 +35,11 @@ BEGIN
         RAISE EXCEPTION 'payauth_dedup_drop_period: the window must be above 0 hours, not %',
                         p_retention_hours;
     END IF;
-    FOR victim IN
-        SELECT b.name
+    FOR victim, lower_, upper_ IN
+        SELECT b.name, b.lower, b.upper
           FROM (SELECT c.relname::text AS name,
+                       substring(pg_get_expr(c.relpartbound, c.oid)
+                                 FROM 'FROM \(''([^'']+)''\)')::timestamptz AS lower,
                        substring(pg_get_expr(c.relpartbound, c.oid)
                                  FROM 'TO \(''([^'']+)''\)')::timestamptz AS upper
                   FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
@@ -50,8 +58,12 @@ BEGIN
         IF n IS NULL THEN
             EXECUTE format('SELECT count(*) FROM %I', victim) INTO n;
         END IF;
-        EXECUTE format('DELETE FROM limit_charges c USING %I p WHERE c.txn_id = p.txn_id',
-                       victim);
+        DELETE FROM limit_charges c
+         WHERE c.dedup_period >= lower_ AND c.dedup_period < upper_;
+        IF EXISTS (SELECT 1 FROM limit_charges c WHERE c.dedup_period IS NULL) THEN
+            EXECUTE format('DELETE FROM limit_charges c USING %I p '
+                           'WHERE c.dedup_period IS NULL AND c.txn_id = p.txn_id', victim);
+        END IF;
         PERFORM set_config('lock_timeout', '1s', true);
         LOCK TABLE processed_transactions IN ACCESS EXCLUSIVE MODE;
         EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I WHERE processed_at >= $1)', victim)

@@ -152,23 +152,26 @@ async def prepare_periods(
 async def _drop_expired_periods(conn: asyncpg.Connection, retention_hours: float,
                                 attempts: int = 5) -> int:
     """Drop every period past the window, oldest first, one a transaction; return the
-    records that went with them. A drop that waited its lock_timeout out (a transaction
-    held the table all along) is tried again a second later, ``attempts`` times in all,
-    then left to the next purge."""
+    records that went with them. A drop that could not go on (it waited its lock_timeout
+    out while a transaction held the table, it was chosen to end a deadlock with a claim
+    over a charge, or a record within the window came into its period meanwhile) is rolled
+    back whole and tried again a second later, ``attempts`` times in all, then left to the
+    next purge."""
     total = 0
     busy = 0
     while True:
         try:
             row = await conn.fetchrow("SELECT * FROM payauth_dedup_drop_period($1)",
                                       retention_hours)
-        except asyncpg.LockNotAvailableError:
+        except (asyncpg.LockNotAvailableError, asyncpg.DeadlockDetectedError,
+                asyncpg.SerializationError) as error:
             busy += 1
             if busy < attempts:
                 await asyncio.sleep(1.0)
                 continue
             n, oldest = await conn.fetchrow(_STORE_HOLDERS) or (0, None)
             log.warning("purge_period_deferred", attempts=attempts,
-                        reason="a transaction held the store each time for 1 s",
+                        reason="the detach could not go on", last_error=str(error),
                         holders=n, oldest_seconds=oldest)
             return total
         if row is None:

@@ -85,6 +85,25 @@ def _decide(dsn: str, batch: list[Authorization]) -> list[Any]:
 
 
 # ------------------------------------------------------------------ claims across an end
+def test_a_claim_outside_read_committed_is_refused(env: stack.Env) -> None:
+    """The fence's probe of the period before must see what claims of that period committed
+    after the transaction began: in REPEATABLE READ or SERIALIZABLE it would not, and the
+    claim is refused (SQLSTATE 25001) before it reads or writes anything."""
+    async def claim(isolation: str) -> str:
+        conn = await asyncpg.connect(env.dsn)
+        try:
+            async with conn.transaction(isolation=isolation):
+                return str(await conn.fetchval("SELECT payauth_claim_period()"))
+        finally:
+            await conn.close()
+
+    assert asyncio.run(claim("read_committed"))
+    for isolation in ("repeatable_read", "serializable"):
+        with pytest.raises(asyncpg.PostgresError, match="needs READ COMMITTED") as refused:
+            asyncio.run(claim(isolation))
+        assert refused.value.sqlstate == "25001"
+
+
 def test_two_claims_on_either_side_of_a_periods_end_yield_one_decision(env: stack.Env) -> None:
     """1. A batch claims X at 23:59:59.5 and stays open. 2. At 00:00:00.5 another batch
     claims X: it waits for the first (the fence), then finds X in the period before and
@@ -234,7 +253,9 @@ def test_the_purge_drops_whole_periods_and_deletes_only_what_was_set_back(
     """Days -5 and -4 hold two records each, day -1 one, today two (one of them set back
     100 days by an administrator, still a duplicate until the purge). With a 72 h window
     the purge drops days -5 and -4 whole (their partitions gone, with the limits' charges
-    under their records), deletes the set-back record, and keeps the rest."""
+    counted in them), deletes the set-back record, and keeps the rest. A charge kept under
+    a record of day -5 but counted today (an increment of its hold) stays; charges counted
+    before charges had a period go with the record they are kept under."""
     _stop_the_clock(env.dsn)
     placed: dict[int, list[str]] = {}
     for day in (-5, -4, -1, 0):
@@ -248,11 +269,17 @@ def test_the_purge_drops_whole_periods_and_deletes_only_what_was_set_back(
         stack.fetch(env.dsn, "UPDATE processed_transactions SET processed_at = $1 "
                              "WHERE txn_id = ANY($2)", _at(day, 10, 0, 0), placed[day])
     _set_clock(env.dsn, None)
-    charged = [placed[-5][0], placed[0][0]]
+    # Each charge: (kept under, counted in the period of whose record, or None: before
+    # charges had a period).
+    charges = [(placed[-5][0], placed[-5][0]), (placed[0][0], placed[0][0]),
+               (placed[-5][1], placed[0][0]), (placed[-4][0], None), (placed[-1][0], None)]
     stack.fetch(env.dsn, "INSERT INTO limit_charges (txn_id, charged_by, limit_id, "
-                         "period_start, amount, count) "
-                         "SELECT t, t, 'L', current_date, 1, 1 FROM unnest($1::text[]) t",
-                charged)
+                         "period_start, amount, count, dedup_period) "
+                         "SELECT c.under, c.under, 'L', current_date, 1, 1, "
+                         "       (SELECT p.dedup_period FROM processed_transactions p "
+                         "         WHERE p.txn_id = c.counted) "
+                         "  FROM unnest($1::text[], $2::text[]) AS c(under, counted)",
+                [c[0] for c in charges], [c[1] for c in charges])
     set_back = placed[0][1]
     stack.fetch(env.dsn, "UPDATE processed_transactions SET processed_at = now() - "
                          "interval '100 days' WHERE txn_id = $1", set_back)
@@ -272,8 +299,8 @@ def test_the_purge_drops_whole_periods_and_deletes_only_what_was_set_back(
     for day in (-5, -4):
         assert stack.fetch(env.dsn, "SELECT to_regclass($1) AS r",
                            _part(_day(day)))[0]["r"] is None
-    assert [r["txn_id"] for r in stack.fetch(env.dsn, "SELECT txn_id FROM limit_charges")] \
-        == [placed[0][0]]
+    assert sorted(r["txn_id"] for r in stack.fetch(env.dsn, "SELECT txn_id FROM limit_charges")) \
+        == sorted([placed[0][0], placed[-5][1], placed[-1][0]])
     assert not stack.fetch(env.dsn, "SELECT 1 FROM pg_class WHERE relname LIKE '%purged'")
     assert _purge(env.dsn) == 0
 

@@ -89,6 +89,12 @@ def test_purge_takes_the_limits_charges_with_their_records_and_keeps_the_usage(
             await store.close()
 
     asyncio.run(decide())
+    # (Each charge stamped with its record's period: the purge finds it by that period.)
+    stamped = stack.fetch(env.dsn, "SELECT c.dedup_period = p.dedup_period AS same "
+                                   "FROM limit_charges c JOIN processed_transactions p "
+                                   "ON p.txn_id = c.charged_by WHERE c.txn_id = ANY($1)",
+                          [first, second])
+    assert [r["same"] for r in stamped] == [True] * 4
     stack.fetch(env.dsn, "UPDATE processed_transactions "
                          "SET processed_at = now() - interval '100 hours' WHERE txn_id = $1", first)
     stack.fetch(env.dsn, "INSERT INTO limit_usage (limit_id, period_start, amount, count) "
