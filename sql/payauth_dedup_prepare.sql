@@ -1,17 +1,22 @@
 -- payauth_dedup_prepare: make the dedup store's partitions of the period under way and of the
 -- periods after it, where missing, before any claim needs them: p_ahead periods, and at least
 -- ten minutes' (a lookup reads every partition, those ahead too: short periods make few more
--- of them than they need) (called by `payauth migrate`, by every worker as it starts and then every quarter
--- of a period, at most hourly, and by every purge). A record that went to the default
--- partition for want of its period's partition (none was made in time) is moved into it as
--- it is made. Returns the partitions it made.
+-- of them than they need) (called by `payauth migrate`, by every worker as it starts and
+-- then every quarter of a period, at most hourly, and by every purge). A record that went to
+-- the default partition for want of its period's partition (none was made in time) is moved
+-- into it as it is made. Returns the partitions it made.
 --
 -- Security definer: the worker's role makes them without owning the table. A partition is
 -- made beside the table and attached (SHARE UPDATE EXCLUSIVE on the table: claims go on
--- meanwhile), one maker at a time.
+-- meanwhile), one maker at a time. A period's partition made once its claims may already go
+-- to the default partition (the period under way, or one with records there) is made under
+-- ACCESS EXCLUSIVE on the table instead: no claim writes to the default partition while its
+-- records move (one claimed meanwhile would fail the attach), and no lookup reads the store
+-- half moved. Each lock is waited for no longer than lock_timeout (1 s): the attempt then
+-- fails whole (SQLSTATE 55P03), and the next one makes them.
 CREATE OR REPLACE FUNCTION payauth_dedup_prepare(p_ahead integer DEFAULT 2)
 RETURNS SETOF text
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp SET lock_timeout = '1s'
 AS $$
 DECLARE
     length interval := (SELECT make_interval(secs => period_seconds) FROM dedup_store);
@@ -30,6 +35,11 @@ BEGIN
         CONTINUE WHEN to_regclass(part) IS NOT NULL;
         EXECUTE format('CREATE TABLE %I (LIKE processed_transactions '
                        'INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING STORAGE)', part);
+        IF k = 0 OR EXISTS (SELECT 1 FROM processed_transactions_default d
+                             WHERE d.dedup_period >= start + k * length
+                               AND d.dedup_period < start + (k + 1) * length) THEN
+            LOCK TABLE processed_transactions IN ACCESS EXCLUSIVE MODE;
+        END IF;
         EXECUTE format('WITH moved AS (DELETE FROM processed_transactions_default '
                        '               WHERE dedup_period >= %L AND dedup_period < %L '
                        '               RETURNING *) '

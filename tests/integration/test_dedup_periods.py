@@ -237,6 +237,43 @@ def test_the_periods_ahead_are_made_and_a_record_made_before_its_period_moves_in
     assert asyncio.run(prepare()) == []  # made once
 
 
+def test_a_claim_into_the_default_partition_under_way_moves_with_the_rest(
+        env: stack.Env) -> None:
+    """On day 5 (no partition made), a claim goes to the default partition and stays open
+    while the worker makes day 5's partition: making it waits for the claim (the table
+    locked whole while the default partition's records move), then moves its record too.
+    (Moving only what had committed, the attach then found the claim's record in the
+    default partition and failed.)"""
+    _stop_the_clock(env.dsn)
+    _set_clock(env.dsn, _at(5, 8, 0, 0))
+    first = authorization(f"MOVE-{uuid.uuid4().hex[:6]}", "NO-SUCH-ACCOUNT", "5.00")
+    held = authorization(f"HELD-{uuid.uuid4().hex[:6]}", "NO-SUCH-ACCOUNT", "5.00")
+    _decide(env.dsn, [first])
+
+    async def scenario() -> list[str]:
+        holding = await HeldOpenStore.connect(env.dsn)
+        maker = await PostgresStore.connect(env.dsn)
+        try:
+            claim = asyncio.create_task(holding.authorize(
+                [held], source_topic="t", source_partitions=[0], source_offsets=[0]))
+            await asyncio.wait_for(holding.decided.wait(), 10)
+            prepare = asyncio.create_task(maker.prepare_dedup_periods())
+            await stack.until_a_lock_is_awaited(env.dsn)
+            assert not prepare.done()
+            holding.release.set()
+            await claim
+            made, _ = await prepare
+            return made
+        finally:
+            await holding.close()
+            await maker.close()
+
+    day5 = _part(_day(5))
+    assert asyncio.run(scenario())[0] == day5
+    for txn in (first, held):
+        assert [r["part"] for r in _records(env.dsn, txn.transaction_id)] == [day5]
+
+
 # ------------------------------------------------------------------ the purge
 def _purge(dsn: str, hours: float = 72) -> int:
     async def go() -> int:
@@ -405,6 +442,33 @@ def test_a_store_of_minute_periods_purges_whole_minutes_within_a_window_of_minut
     left = stack.fetch(env.dsn, "SELECT txn_id FROM processed_transactions")
     assert [r["txn_id"] for r in left] == [claimed[4]]
 
+
+
+_CONTRACT_COLUMNS_ONLY = (
+    "INSERT INTO processed_transactions (txn_id, processed_at, result, fingerprint, "
+    "account_id, amount, currency, authorization_type) "
+    "VALUES ($1, now(), 'APPROVED', 'fp', 'ACC', 1, 'EUR', 'PURCHASE') RETURNING dedup_period")
+
+
+def test_a_record_inserted_by_the_contracts_columns_alone_takes_its_period(
+        env: stack.Env) -> None:
+    """An insert naming only the contract's columns (an administrator's) is dated to the
+    start of the period under way, in the store's period length (set again with it): a
+    second one of the same transaction_id in that period, in another transaction, meets
+    the first on the primary key."""
+    txn = f"ADMIN-{uuid.uuid4().hex[:6]}"
+    [first] = stack.fetch(env.dsn, _CONTRACT_COLUMNS_ONLY, txn)
+    period = first["dedup_period"]
+    assert period.timestamp() % 86400 == 0
+    assert datetime.now(UTC) - period < timedelta(days=1)
+    with pytest.raises(asyncpg.UniqueViolationError):
+        stack.fetch(env.dsn, _CONTRACT_COLUMNS_ONLY, txn)
+
+    stack.fetch(env.dsn, "DELETE FROM processed_transactions WHERE txn_id = $1", txn)
+    stack.fetch(env.dsn, "SELECT * FROM payauth_dedup_set_period(600)")
+    [ten] = stack.fetch(env.dsn, _CONTRACT_COLUMNS_ONLY, txn)
+    assert ten["dedup_period"].timestamp() % 600 == 0
+    assert datetime.now(UTC) - ten["dedup_period"] < timedelta(minutes=10)
 
 async def _call(dsn: str, statement: str) -> None:
     conn = await asyncpg.connect(dsn)

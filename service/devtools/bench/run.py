@@ -25,7 +25,8 @@ Phases, each on its own topic/group in one fresh database with 10,000 accounts:
               against the mean without (``ratio_limits_vs_plain``): what the controls cost
   purge       a dedup store of `purge_records` past the window over five days (the
               window's own records beside them), ``payauth purge`` timed, against a tenth
-              of them (``ratio_purge_10x_rows``: its cost must not grow with the rows);
+              of them (``ratio_purge_10x_rows``: its cost must not grow with the rows;
+              ``ratio_purge_10x_rows_in_store`` without the file system's freeing);
               then half the backlog decided alone and while such a purge runs, ABBA
               (``ratio_during_purge``) (``purge.py``)
   hot         every authorization on one account
@@ -117,6 +118,9 @@ RATIOS = {
     "ratio_limits_vs_plain": ("limits_auth_per_s", "limits_plain_auth_per_s", 3),
     "ratio_during_purge": ("purge_during_auth_per_s", "purge_alone_auth_per_s", 3),
     "ratio_purge_10x_rows": ("purge_seconds", "purge_tenth_seconds", 2),
+    # (The same without the file system's freeing of the dropped files: PostgreSQL's part.)
+    "ratio_purge_10x_rows_in_store": ("purge_in_store_seconds", "purge_tenth_in_store_seconds",
+                                      2),
 }
 # The phases, in order; BENCH_PHASES picks some (the backlog of new authorizations always
 # runs: the others are held against it).
@@ -455,7 +459,7 @@ class Bench:
         twice, ABBA (a store filled afresh before each pair), each side's rate the mean of
         its two."""
         big = self.sizes.purge_records
-        timed: dict[str, tuple[float, int]] = {}
+        timed: dict[str, tuple[float, float, int]] = {}
         for name, records in (("purge_tenth", big // 10), ("purge", big)):
             asyncio.run(purge.fill_past(self.dsn, records, name[-1].upper() + "F"))
             timed[name] = asyncio.run(purge.timed_purge(self.dsn))
@@ -482,11 +486,14 @@ class Bench:
         for name, runs in rates.items():
             self.results[f"{name}_auth_per_s"] = round(statistics.mean(runs), 1)
             self.results[f"{name}_runs_per_s"] = [round(r, 1) for r in runs]
-        for name, (seconds, removed) in timed.items():
+        for name, (seconds, files, removed) in timed.items():
             self.results[f"{name}_records"] = removed
             self.results[f"{name}_seconds"] = round(seconds, 3)
-        log(f"purge alone: {timed['purge'][1]:,} records in {timed['purge'][0]:.3f} s, "
-            f"{timed['purge_tenth'][1]:,} in {timed['purge_tenth'][0]:.3f} s; half the "
+            self.results[f"{name}_files_freed_seconds"] = round(files, 3)
+            self.results[f"{name}_in_store_seconds"] = round(seconds - files, 3)
+        log(f"purge alone: {timed['purge'][2]:,} records in {timed['purge'][0]:.3f} s "
+            f"({timed['purge'][1]:.3f} freeing files), {timed['purge_tenth'][2]:,} in "
+            f"{timed['purge_tenth'][0]:.3f} s ({timed['purge_tenth'][1]:.3f}); half the "
             f"backlog alone {rates['purge_alone']} auth/s, during a purge "
             f"{rates['purge_during']}")
 
@@ -500,8 +507,9 @@ class Bench:
             except Exception:
                 done = 0
             if done >= 0.1 * total:
-                seconds, removed = asyncio.run(purge.timed_purge(self.dsn))
-                log(f"purge under way: {removed:,} records in {seconds:.3f} s")
+                seconds, files, removed = asyncio.run(purge.timed_purge(self.dsn))
+                log(f"purge under way: {removed:,} records in {seconds:.3f} s ({files:.3f} "
+                    f"freeing files)")
                 return
             time.sleep(0.05)
 
@@ -751,7 +759,7 @@ TARGETS = {
     "ratio_replay_vs_raw": (">=", 0.5), "p99_ms": ("<=", 50),
     "ratio_hot_vs_uniform": (">=", 0.5), "pg_commits_per_msg": ("<=", 0.1),
     "redis_calls_per_msg": ("<=", 0.1), "worker_rss_mb": ("<=", 200),
-    "ratio_sustainable_vs_backlog": (">=", 0.7), "ratio_vs_db_limit": (">=", 0.6),
+    "ratio_sustainable_vs_backlog": (">=", 0.7), "ratio_vs_db_limit": (">=", 0.7),
     "ratio_p99_vs_floor_25": ("<=", 3), "ratio_lifecycle_vs_purchase": (">=", 0.8),
     "ratio_limits_vs_plain": (">=", 0.85), "ratio_during_purge": (">=", 0.9),
     "ratio_purge_10x_rows": ("<=", 2),
@@ -769,7 +777,8 @@ def render(r: dict[str, Any]) -> str:
                 "redis_calls_per_msg", "worker_rss_mb", "ratio_sustainable_vs_backlog",
                 "ratio_vs_db_limit", "ratio_p99_vs_floor_25", "ratio_vs_pgbench", "ratio_vs_naive",
                 "ratio_replay_vs_raw", "ratio_hot_vs_uniform", "ratio_lifecycle_vs_purchase",
-                "ratio_limits_vs_plain", "ratio_during_purge", "ratio_purge_10x_rows"):
+                "ratio_limits_vs_plain", "ratio_during_purge", "ratio_purge_10x_rows",
+                "ratio_purge_10x_rows_in_store"):
         value = flat.get(key)
         target = TARGETS.get(key)
         mark = ""
@@ -781,9 +790,11 @@ def render(r: dict[str, Any]) -> str:
         lines.append(f"{key:<30}{shown}  {mark}")
     cpu_us = r.get("cpu_us_per_auth", {})
     lines.append("cpu_us_per_auth               " + ", ".join(
-        f"{kind} {value:,}" for kind, value in cpu_us.items()) + "  (worker <= 40)")
+        f"{kind} {value:,}" for kind, value in cpu_us.items())
+        + "  (worker <= 35, postgres <= 40)")
     lines.append("lifecycle_cpu_us_per_msg      " + ", ".join(
-        f"{kind} {value:,}" for kind, value in r.get("lifecycle_cpu_us_per_msg", {}).items()))
+        f"{kind} {value:,}" for kind, value in r.get("lifecycle_cpu_us_per_msg", {}).items())
+        + "  (postgres <= 60)")
     for name in ("limits_plain", "limits"):
         lines.append(f"{name + '_cpu_us_per_auth':<30}" + ", ".join(
             f"{kind} {value:,}" for kind, value in r.get(f"{name}_cpu_us_per_auth",
