@@ -24,7 +24,7 @@ from service.domain.messages import Authorization
 from service.ops.migrate import MIGRATIONS_DIR, migrate
 from tests.support import stack
 from tests.support.factory import auth_message, authorization, encode
-from tests.support.held_open import HeldOpenStore
+from tests.support.held_open import HeldOpenStore, command_while_a_batch_decides
 from tests.support.workers import wait_until
 
 TODAY = datetime.now(UTC).date()
@@ -223,18 +223,10 @@ def test_the_periods_ahead_are_made_and_a_record_made_before_its_period_moves_in
     assert [r["part"] for r in _records(env.dsn, x.transaction_id)] == \
         ["processed_transactions_default"]
 
-    async def prepare() -> list[str]:
-        store = await PostgresStore.connect(env.dsn)
-        try:
-            made, _ = await store.prepare_dedup_periods()
-            return made
-        finally:
-            await store.close()
-
     day5 = _part(_day(5))
-    assert asyncio.run(prepare())[0] == day5
+    assert asyncio.run(_made_by_a_worker(env.dsn))[0] == day5
     assert [r["part"] for r in _records(env.dsn, x.transaction_id)] == [day5]
-    assert asyncio.run(prepare()) == []  # made once
+    assert asyncio.run(_made_by_a_worker(env.dsn)) == []  # made once
 
 
 def test_a_claim_into_the_default_partition_under_way_moves_with_the_rest(
@@ -250,28 +242,23 @@ def test_a_claim_into_the_default_partition_under_way_moves_with_the_rest(
     held = authorization(f"HELD-{uuid.uuid4().hex[:6]}", "NO-SUCH-ACCOUNT", "5.00")
     _decide(env.dsn, [first])
 
-    async def scenario() -> list[str]:
-        holding = await HeldOpenStore.connect(env.dsn)
-        maker = await PostgresStore.connect(env.dsn)
-        try:
-            claim = asyncio.create_task(holding.authorize(
-                [held], source_topic="t", source_partitions=[0], source_offsets=[0]))
-            await asyncio.wait_for(holding.decided.wait(), 10)
-            prepare = asyncio.create_task(maker.prepare_dedup_periods())
-            await stack.until_a_lock_is_awaited(env.dsn)
-            assert not prepare.done()
-            holding.release.set()
-            await claim
-            made, _ = await prepare
-            return made
-        finally:
-            await holding.close()
-            await maker.close()
-
+    _, made, _ = command_while_a_batch_decides(env, held,
+                                               lambda: _made_by_a_worker(env.dsn), [])
     day5 = _part(_day(5))
-    assert asyncio.run(scenario())[0] == day5
+    assert made[0] == day5
     for txn in (first, held):
         assert [r["part"] for r in _records(env.dsn, txn.transaction_id)] == [day5]
+
+
+
+async def _made_by_a_worker(dsn: str) -> list[str]:
+    """The partitions a worker's store makes now (``prepare_dedup_periods``)."""
+    store = await PostgresStore.connect(dsn)
+    try:
+        made, _ = await store.prepare_dedup_periods()
+        return made
+    finally:
+        await store.close()
 
 
 # ------------------------------------------------------------------ the purge

@@ -11,18 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable, Callable
 from decimal import Decimal
-from typing import Any, TypeVar
+from typing import Any
 
 from service.adapters.postgres import PostgresStore
 from service.domain.messages import Authorization, decode_authorization
 from service.ops import cards, limits
 from tests.support import stack
 from tests.support.factory import auth_message, authorization, encode
-from tests.support.held_open import HeldOpenStore
-
-T = TypeVar("T")
+from tests.support.held_open import command_while_a_batch_decides
 
 
 def _decided_while_the_other_waits(env: stack.Env, held: Authorization,
@@ -40,7 +37,7 @@ def _decided_while_the_other_waits(env: stack.Env, held: Authorization,
         finally:
             await store.close()
 
-    first, second, _ = _command_while_a_batch_decides(env, held, decide_waiting, [])
+    first, second, _ = command_while_a_batch_decides(env, held, decide_waiting, [])
     return first, second
 
 
@@ -58,35 +55,6 @@ def _on_card(txn: str, account: str, card: str, amount: str) -> Authorization:
     """A purchase of ``account`` on ``card`` (its transaction id made unique by the account)."""
     return decode_authorization(encode(auth_message(
         f"{txn}-{account}", account_id=account, amount=amount, card_id=card)))
-
-
-def _command_while_a_batch_decides(env: stack.Env, held: Authorization,
-                                   command: Callable[[], Awaitable[T]],
-                                   after: list[Authorization]) -> tuple[Any, T, list[Any]]:
-    """``held`` decided by a batch that keeps its transaction open (its account locked);
-    then ``command``, which must wait for that lock (asserted); then the batch commits, the
-    command finishes, and ``after`` is decided in order by another store. The held batch's
-    row, what the command said, the rows of ``after``."""
-
-    async def scenario() -> tuple[Any, T, list[Any]]:
-        holding = await HeldOpenStore.connect(env.dsn)
-        other = await PostgresStore.connect(env.dsn)
-        try:
-            first = asyncio.create_task(holding.authorize(
-                [held], source_topic="t", source_partitions=[1], source_offsets=[0]))
-            await asyncio.wait_for(holding.decided.wait(), 10)
-            running = asyncio.create_task(command())
-            await stack.until_a_lock_is_awaited(env.dsn)  # the command waits for the batch
-            assert not running.done()
-            holding.release.set()
-            [a] = await first
-            said = await running
-            return a, said, await stack.authorize_in_order(other, after)
-        finally:
-            await holding.close()
-            await other.close()
-
-    return asyncio.run(scenario())
 
 
 def test_an_orphan_kept_while_its_purchase_is_decided_elsewhere_is_applied(
@@ -195,7 +163,7 @@ def test_a_card_frozen_while_a_batch_decides_for_its_account_waits_for_it(
     applies to what is decided after it, never to a batch under way (seen not waiting with
     the account's lock removed from the command)."""
     account, card = _a_card(env, "100.00")
-    first, said, [after] = _command_while_a_batch_decides(
+    first, said, [after] = command_while_a_batch_decides(
         env, _on_card("P1", account, card, "10.00"),
         lambda: cards.change_status(env.dsn, card, "FROZEN", "lost", by="test"),
         [_on_card("P2", account, card, "10.00")])
@@ -214,7 +182,7 @@ def test_a_limit_loaded_while_a_batch_decides_for_its_account_waits_for_it(
     LIMIT_EXCEEDED (seen not waiting with the account's lock removed from the command)."""
     account, card = _a_card(env, "1000.00")
     rows = limits.parse(f"LIM-{account},CARD,{card},DAY,100.00,\n")
-    first, said, after = _command_while_a_batch_decides(
+    first, said, after = command_while_a_batch_decides(
         env, _on_card("P1", account, card, "60.00"), lambda: limits.load(env.dsn, rows),
         [_on_card("P2", account, card, "60.00"), _on_card("P3", account, card, "60.00")])
     assert said.startswith("limits: 1 new")
