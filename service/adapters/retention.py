@@ -3,7 +3,7 @@ unless it was made with another length, ``payauth_dedup_set_period``): a period 
 window goes whole, its partition detached (``payauth_dedup_drop_period``: no row deleted,
 no vacuum, no bloat; the store locked for a moment) then dropped outside the store
 (``payauth_dedup_drop_purged``: the file system frees it while claims go on), with the
-spending limits' charges kept under its records. Only what no period holds whole is
+spending limits' charges counted in that period. Only what no period holds whole is
 deleted row by row, in bounded batches, each its own short transaction: records an
 administrator set before their own period, and the default partition's. The partitions of
 the periods ahead are made first (``payauth_dedup_prepare``). The ledger is never purged:
