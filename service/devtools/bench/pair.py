@@ -2,13 +2,17 @@
 revision, paired: how a change to the SQL (a definition, an index, a migration) is measured
 before it is kept (docs/benchmark.md, "Where PostgreSQL's CPU per authorization goes").
 
-    python -m service.devtools.bench.pair --base REV [--kind purchases|lifecycle]
+    python -m service.devtools.bench.pair --base REV
+        [--kind purchases|lifecycle|cards|limits]
         [--rounds 4] [--calls 30] [--batch 1000]
 
 Each side gets a database of its own, made by its own tree's ``payauth migrate`` (the base's
 from a checkout of REV in a temporary directory), 10,000 euro accounts, and a pgbench script
 of its own statement (``pgbench.script``: purchases of 1.00 on random accounts, one call a
-batch; ``pgbench.lifecycle_script``: a batch of AUTHORIZATIONs, then a CLEARING of each).
+batch; ``pgbench.lifecycle_script``: a batch of AUTHORIZATIONs, then a CLEARING of each;
+``pgbench.cards_script``: purchases naming their account's card, without limits, and
+``pgbench.limits_script``: on a card with a daily and a monthly limit each, never reached:
+what ``make bench``'s limits phase compares).
 The sides then run in turn, ABBA, ``--calls`` scripts each turn on one connection, while
 nothing else runs: the CPU of every PostgreSQL process (the backend, the WAL writer,
 autovacuum: what the primary pays, as ``cpu.py`` reads it) and the WAL written, per message.
@@ -46,7 +50,8 @@ print(asyncio.run(scratch.create_database(dsn, name)))
 open(out, "w").write(AUTHORIZE_STATEMENT)
 """
 # A kind's script, and the messages a run of it decides per batch.
-SCRIPTS = {"purchases": (pgbench.script, 1), "lifecycle": (pgbench.lifecycle_script, 2)}
+SCRIPTS = {"purchases": (pgbench.script, 1), "lifecycle": (pgbench.lifecycle_script, 2),
+           "cards": (pgbench.cards_script, 1), "limits": (pgbench.limits_script, 1)}
 
 
 def _prepare(tree: Path, dsn: str, name: str, kind: str, batch: int, script: Path) -> str:
@@ -70,6 +75,18 @@ async def _seed(dsn: str) -> None:
             "INSERT INTO accounts (account_id, balance, opening_balance, currency) "
             f"SELECT 'BA-' || lpad(g::text, 5, '0'), 1e9, 1e9, 'EUR' "
             f"FROM generate_series(0, {ACCOUNTS - 1}) g")
+        # Two cards an account, as the bench's limits phase: BP-n without limits, BK-n with
+        # a daily and a monthly limit that no run reaches.
+        await conn.execute(
+            "INSERT INTO cards (card_id, account_id) "
+            "SELECT p || lpad(g::text, 5, '0'), 'BA-' || lpad(g::text, 5, '0') "
+            f"FROM generate_series(0, {ACCOUNTS - 1}) g, unnest(ARRAY['BP-', 'BK-']) p")
+        await conn.execute(
+            "INSERT INTO spending_limits (limit_id, scope, scope_id, period, max_amount, "
+            "max_count) "
+            "SELECT 'L' || left(p, 1) || '-' || lpad(g::text, 5, '0'), 'CARD', "
+            "'BK-' || lpad(g::text, 5, '0'), p, 1e12, 2000000000 "
+            f"FROM generate_series(0, {ACCOUNTS - 1}) g, unnest(ARRAY['DAY', 'MONTH']) p")
         await conn.execute("ANALYZE")
     finally:
         await conn.close()

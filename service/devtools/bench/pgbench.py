@@ -25,6 +25,24 @@ def script(batch: int, accounts: int, statement: str = sql.AUTHORIZE_STATEMENT) 
                       _call(statement, batch, "pgb", account, "PURCHASE"), ""])
 
 
+def cards_script(batch: int, accounts: int, statement: str = sql.AUTHORIZE_STATEMENT,
+                 cards: str = "BP-") -> str:
+    """One call of ``batch`` purchases of 1.00 EUR, each naming its account's card
+    ``cards…`` (the pair's seed: ``BP-…`` without limits, ``BK-…`` with a daily and a monthly
+    limit), on accounts ``BA-…`` in turn from a random one."""
+    number = f"lpad(((:a + g) % {accounts})::text, 5, '0')"
+    return "\n".join(["\\set n random(1, 2000000000)",
+                      f"\\set a random(0, {accounts - 1})",
+                      _call(statement, batch, "pgk", f"'BA-' || {number}", "PURCHASE",
+                            card=f"'{cards}' || {number}"),
+                      ""])
+
+
+def limits_script(batch: int, accounts: int, statement: str = sql.AUTHORIZE_STATEMENT) -> str:
+    """``cards_script`` on the cards with a daily and a monthly limit each."""
+    return cards_script(batch, accounts, statement, cards="BK-")
+
+
 def lifecycle_script(batch: int, accounts: int,
                      statement: str = sql.AUTHORIZE_STATEMENT) -> str:
     """Two calls: ``batch`` AUTHORIZATIONs of 1.00 EUR, then a CLEARING of each (the
@@ -39,10 +57,10 @@ def lifecycle_script(batch: int, accounts: int,
 
 
 def _call(statement: str, batch: int, prefix: str, account: str, kind: str,
-          original: str | None = None) -> str:
+          original: str | None = None, card: str | None = None) -> str:
     """The statement for ``batch`` messages of ``kind``, transaction ids ``prefix-…`` (and
     originals ``original-…`` of the same numbers), on ``account`` (an expression of g, the
-    message's number)."""
+    message's number), naming ``card`` (an expression of g; None: no card)."""
     rows = f"generate_series(1, {batch})"
 
     def ids(p: str) -> str:
@@ -65,7 +83,8 @@ def _call(statement: str, batch: int, prefix: str, account: str, kind: str,
         16: f"array_fill(NULL::text, ARRAY[{batch}])",
         17: f"array_fill('f'::text, ARRAY[{batch}])",  # no partial approval
         18: f"array_fill(NULL::text, ARRAY[{batch}])",  # (a clearing's final flag)
-        19: f"array_fill(NULL::text, ARRAY[{batch}])",  # no card
+        19: (f"ARRAY(SELECT {card} FROM {rows} g)" if card
+             else f"array_fill(NULL::text, ARRAY[{batch}])"),
         20: f"array_fill('5411'::text, ARRAY[{batch}])",
         21: f"array_fill(NULL::text, ARRAY[{batch}])",  # no merchant country
         22: f"array_fill(now()::text, ARRAY[{batch}])",
