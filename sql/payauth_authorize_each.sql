@@ -128,7 +128,7 @@ DECLARE
     e_mc       integer[];
     e_ua       numeric[];  -- and the usage it read
     e_uc       integer[];
-    lims       jsonb;
+    lims       limit_read[];
     lim_id     text;
     judged     boolean;
     charged    boolean;  -- the approval was counted in a limit with a period (a charge)
@@ -450,7 +450,7 @@ BEGIN
                 forced, orphan, billing_amount, billing_currency, partial_ok,
                 amount_approved, final, input_hold_state, ledger_balance, already_cleared,
                 message_time, card_id, merchant_category, merchant_country, input_card_status,
-                input_card_expires, input_blocks, input_limits, limit_id)
+                input_card_expires, input_blocks, input_limit_reads, limit_id)
         VALUES (txn, claim_period, p_processed_at, res, reason, p_fingerprints[i], acct,
                 p_amounts[i], cur,
                 kind, p_correlation_ids[i], p_message_ids[i], p_source_topic, p_partitions[i],

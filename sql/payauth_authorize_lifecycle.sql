@@ -340,7 +340,7 @@ BEGIN
             forced, orphan, billing_amount, billing_currency, partial_ok, amount_approved,
             final, input_hold_state, ledger_balance, message_time, card_id,
             merchant_category, merchant_country, input_card_status, input_card_expires,
-            input_blocks, input_limits, limit_id)
+            input_blocks, input_limit_reads, limit_id)
     SELECT t.txn, claim_period, p_processed_at, t.res, t.reason, t.fp, t.acct, t.amt, t.cur,
            t.kind, t.corr,
            t.msg, p_source_topic, t.part, t.off, p_batch_id, t.bal, t.stat, t.acur, rule,

@@ -213,7 +213,7 @@ BEGIN
                 input_status, input_currency, rule_version, billing_amount, billing_currency,
                 partial_ok, amount_approved, ledger_balance, message_time, card_id,
                 merchant_category, merchant_country, input_card_status, input_card_expires,
-                input_blocks, input_limits, limit_id)
+                input_blocks, input_limit_reads, limit_id)
         SELECT i.txn_id, claim_period, p_processed_at, i.result, i.decline_reason,
                i.fingerprint,
                i.account_id, i.amount, i.currency, i.auth_type, i.correlation_id,

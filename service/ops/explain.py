@@ -39,7 +39,8 @@ SELECT p.txn_id, p.result, p.decline_reason, p.account_id, p.amount::text AS amo
        p.ledger_balance::text AS ledger_balance, p.already_cleared::text AS already_cleared,
        p.input_hold_state, p.card_id, p.merchant_category, p.merchant_country,
        p.message_time, p.input_card_status, p.input_card_expires, p.input_blocks,
-       p.input_limits::text AS input_limits, p.limit_id,
+       payauth_input_limits(p.input_limit_reads, p.input_limits)::text AS input_limits,
+       p.limit_id,
        coalesce(p.published_at, b.published_at) AS published_at
   FROM processed_transactions p
   LEFT JOIN published_batches b ON b.batch_id = p.batch_id
@@ -280,7 +281,8 @@ def _controls(d: dict[str, Any]) -> list[str]:
     if d["input_blocks"]:
         lines.append(f"blocked      {', '.join(d['input_blocks']).lower()} (a block of the "
                      "account or card matched)")
-    for limit in json.loads(d["input_limits"] or "[]"):
+    # (Amounts as the database wrote them: 40.00, never the float 40.0.)
+    for limit in json.loads(d["input_limits"] or "[]", parse_float=Decimal):
         period = (f"{limit['period_start']}" if limit["period_start"] else "each message")
         used = []
         if limit["max_amount"] is not None:

@@ -93,7 +93,8 @@ SELECT d.*,
                           AS room,
                       min((l->>'max_count')::integer - (l->>'used_count')::integer)
                           AS count_room
-                 FROM jsonb_array_elements(p.input_limits) AS l) r ON true
+                 FROM jsonb_array_elements(payauth_input_limits(p.input_limit_reads,
+                                                                p.input_limits)) AS l) r ON true
          WHERE p.txn_id = ANY($1::text[])) d
 """
 # Decided, the dedup record purged: the effect is kept in the ledger (an approved purchase,

@@ -182,7 +182,9 @@ CONTROLS_CHECKS = (
     Check(
         "no approval past a limit but an advice's, by the usage it read",
         """SELECT p.txn_id || ' in ' || (l->>'limit_id')
-             FROM processed_transactions p, jsonb_array_elements(p.input_limits) AS l
+             FROM processed_transactions p,
+                  jsonb_array_elements(payauth_input_limits(p.input_limit_reads,
+                                                            p.input_limits)) AS l
             WHERE p.result = 'APPROVED' AND p.authorization_type <> 'ADVICE'
               AND ((l->>'used_amount')::numeric + coalesce(p.amount_approved, p.amount)
                        > (l->>'max_amount')::numeric

@@ -6,6 +6,7 @@ the declines on the output topic."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +151,57 @@ def test_two_messages_of_one_card_on_two_partitions_only_one_fitting_its_limit(
     assert outcomes == [("APPROVED", None), ("DECLINED", "LIMIT_EXCEEDED")]
     assert _usage(env, t["lim"]) == {"2026-04-07": (30, 1)}
     lc.verified(env)
+
+
+def _shadow_changes(env: stack.Env, tmp_path: Path) -> list[dict[str, Any]]:
+    """What ``payauth replay --shadow`` over the whole stream says would change."""
+    report = tmp_path / "shadow.json"
+    done = payauth(env, "replay", "--shadow", "--to-earliest", "--json", str(report))
+    assert done.returncode in (0, 3), done.stdout + done.stderr
+    return json.loads(report.read_text())["changed"]
+
+
+def test_explain_and_shadow_replay_read_the_usage_each_decision_read(env, spawn_worker,
+                                                                    tmp_path) -> None:
+    """What a decision read of its limits is kept with it, and `payauth explain` and `replay
+    --shadow` read it there, not the usage as it stands by then: in the typed column a
+    decision writes, and in the document a record decided before it kept. Each stored read
+    is then altered, and the shadow replay follows it: it reads them."""
+    t = lc.names("p1", "p2", "p3", "acc", "card", "lim")
+    lc.seed(env, (t["acc"], "1000.00"))
+    _controls(env, tmp_path, [f"{t['card']},{t['acc']}"],
+              [f"{t['lim']},CARD,{t['card']},DAY,100.00,5"])
+    lc.run(env, spawn_worker, [_on_card(t, "p1", "PURCHASE", "40.00"),
+                               _on_card(t, "p2", "PURCHASE", "50.00"),
+                               _on_card(t, "p3", "PURCHASE", "30.00")])
+    events = lc.events(env, expect=3)
+    assert _outcomes(events, t, "p1", "p2", "p3") == {
+        "p1": ("APPROVED", None), "p2": ("APPROVED", None),
+        "p3": ("DECLINED", "LIMIT_EXCEEDED")}
+    read_by_p2 = (f"limit        {t['lim']} (2026-04-07): amount 40.00 of 100.00, count 1 of 5 "
+                  "before it\n")
+    shown = _admin(env, "explain", t["p2"])
+    assert read_by_p2 in shown, shown
+    assert "count 2 of 5 before it  <- exceeded" in _admin(env, "explain", t["p3"])
+    assert _shadow_changes(env, tmp_path) == []
+
+    # p2's record as one decided before the typed column: its read in the document alone.
+    stack.fetch(env.dsn, "UPDATE processed_transactions SET input_limits = "
+                         "payauth_input_limits(input_limit_reads, NULL), "
+                         "input_limit_reads = NULL WHERE txn_id = $1 RETURNING 1", t["p2"])
+    assert read_by_p2 in _admin(env, "explain", t["p2"])
+    assert _shadow_changes(env, tmp_path) == []
+
+    # Each stored read altered as if the limit had been nearly full: the shadow replay
+    # judges each by it, and would decline both.
+    stack.fetch(env.dsn, "UPDATE processed_transactions SET input_limit_reads[1].used_amount "
+                         "= 90 WHERE txn_id = $1 RETURNING 1", t["p1"])
+    stack.fetch(env.dsn, "UPDATE processed_transactions SET input_limits = jsonb_set("
+                         "input_limits, '{0,used_amount}', '90') WHERE txn_id = $1 "
+                         "RETURNING 1", t["p2"])
+    [changed] = _shadow_changes(env, tmp_path)
+    assert changed["to"] == {"result": "DECLINED", "decline_reason": "LIMIT_EXCEEDED"}
+    assert sorted(changed["transaction_ids"]) == sorted([t["p1"], t["p2"]])
 
 
 def test_a_full_reversal_gives_the_usage_and_the_count_back(env, spawn_worker,

@@ -37,6 +37,14 @@ def _ticks(pid: int) -> int | None:
     return sum(int(f) for f in fields[11:15])
 
 
+def seconds(pid: int) -> float:
+    """The CPU one process has used so far (user + system), in seconds."""
+    ticks = _ticks(pid)
+    if ticks is None:
+        raise ProcessLookupError(pid)
+    return ticks / TICKS_PER_SECOND
+
+
 def _kind(pid: int, worker_pid: int) -> str | None:
     if pid == worker_pid:
         return "worker"

@@ -13,9 +13,12 @@ batch; ``pgbench.lifecycle_script``: a batch of AUTHORIZATIONs, then a CLEARING 
 ``pgbench.cards_script``: purchases naming their account's card, without limits, and
 ``pgbench.limits_script``: on a card with a daily and a monthly limit each, never reached:
 what ``make bench``'s limits phase compares).
-The sides then run in turn, ABBA, ``--calls`` scripts each turn on one connection, while
+The sides then run in turn, ABBA, ``--calls`` scripts each turn on one session (run by this
+process as pgbench would: its variables drawn, each call planned for its own values), while
 nothing else runs: the CPU of every PostgreSQL process (the backend, the WAL writer,
-autovacuum: what the primary pays, as ``cpu.py`` reads it) and the WAL written, per message.
+autovacuum: what the primary pays, as ``cpu.py`` reads it), the session's backend's alone
+(the statement's own cost, far less noisy: autovacuum comes in bursts) and the WAL
+written, per message.
 Each side's store grows alike, turn by turn. A line per turn, then the medians and their
 ratio (this tree / base: below 1 is cheaper).
 """
@@ -24,6 +27,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
+import re
 import statistics
 import subprocess
 import sys
@@ -101,33 +106,46 @@ async def _wal_lsn(dsn: str) -> int:
         await conn.close()
 
 
-def _pgbench(dsn: str, script: Path, calls: int) -> None:
-    rest = dsn.split("://", 1)[1].split("?", 1)[0]
-    hostport, db = rest.split("/", 1)
-    user = hostport.split("@")[0] if "@" in hostport else None
-    host, _, port = hostport.split("@")[-1].partition(":")
-    cmd = ["pgbench", "-n", "-M", "prepared", "-c", "1", "-t", str(calls), "-f", str(script),
-           "-h", host, "-p", port or "5432", db]
-    if user:
-        cmd += ["-U", user.split(":")[0]]
-    # (The worker's sessions plan each execution for its own arrays: adapters/postgres.py.)
-    env = {**os.environ, "PGOPTIONS": "-c plan_cache_mode=force_custom_plan"}
-    subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
+async def _drive(dsn: str, script: Path, calls: int) -> float:
+    """Run ``script`` ``calls`` times on one session, as pgbench would (its ``\\set``
+    variables drawn at random, the statement planned for its own values: the worker's
+    sessions plan each execution for its own arrays, adapters/postgres.py); returns the CPU
+    that session's backend used, in seconds: the statement's own cost, without what the
+    WAL writer, the checkpointer or autovacuum did meanwhile."""
+    lines = [line for line in script.read_text().splitlines()
+             if line and not line.startswith("\\")]
+    accounts = ACCOUNTS
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute("SET plan_cache_mode = force_custom_plan")
+        backend = await conn.fetchval("SELECT pg_backend_pid()")
+        before = cpu.seconds(backend)
+        for _ in range(calls):
+            values = {"client_id": "0", "n": str(random.randint(1, 2_000_000_000)),
+                      "a": str(random.randrange(accounts))}
+            for line in lines:
+                await conn.execute(_VARIABLE.sub(lambda m: values[m.group(1)], line))
+        return cpu.seconds(backend) - before
+    finally:
+        await conn.close()
 
 
-def _turn(dsn: str, script: Path, calls: int, messages: int) -> tuple[float, float]:
-    """µs of PostgreSQL CPU and bytes of WAL per message over one turn (``messages`` a
-    run of the script)."""
+_VARIABLE = re.compile(r":(client_id|n|a)\b")
+
+
+def _turn(dsn: str, script: Path, calls: int, messages: int) -> tuple[float, float, float]:
+    """µs of PostgreSQL CPU per message over one turn (``messages`` a run of the script):
+    every PostgreSQL process's, the session's backend's alone; and bytes of WAL."""
     import asyncio
 
     wal = asyncio.run(_wal_lsn(dsn))
     before = cpu.sample(worker_pid=-1)
-    _pgbench(dsn, script, calls)
+    backend = asyncio.run(_drive(dsn, script, calls))
     time.sleep(0.5)  # the backend ended: counted once its postmaster has reaped it
     after = cpu.sample(worker_pid=-1)
     wal = asyncio.run(_wal_lsn(dsn)) - wal
     n = calls * messages
-    return cpu.per_item(before, after, n)["postgres"], wal / n
+    return cpu.per_item(before, after, n)["postgres"], backend / n * 1e6, wal / n
 
 
 def main() -> int:
@@ -157,24 +175,26 @@ def main() -> int:
             messages = args.batch * SCRIPTS[args.kind][1]
             for side_dsn in dsns.values():
                 asyncio.run(_seed(side_dsn))
-            figures: dict[str, list[tuple[float, float]]] = {"base": [], "this": []}
+            figures: dict[str, list[tuple[float, float, float]]] = {"base": [], "this": []}
             for _ in range(2):  # warm both: caches, plans, the first periods
                 for side in trees:
                     _turn(dsns[side], scripts[side], max(2, args.calls // 5), messages)
             for r in range(args.rounds):
                 order = ("base", "this") if r % 2 == 0 else ("this", "base")
                 for side in order + tuple(reversed(order)):
-                    us, wal = _turn(dsns[side], scripts[side], args.calls, messages)
-                    figures[side].append((us, wal))
-                    print(f"round {r + 1} {side:<4} {us:7.1f} µs {wal:7.0f} B WAL "
-                          f"per message", flush=True)
+                    us, backend, wal = _turn(dsns[side], scripts[side], args.calls, messages)
+                    figures[side].append((us, backend, wal))
+                    print(f"round {r + 1} {side:<4} {us:7.1f} µs ({backend:5.1f} the backend) "
+                          f"{wal:7.0f} B WAL per message", flush=True)
                     time.sleep(1)
-            med = {side: (statistics.median(u for u, _ in f), statistics.median(w for _, w in f))
-                   for side, f in figures.items()}
-            for side, (us, wal) in med.items():
-                print(f"median {side:<4} {us:7.1f} µs {wal:7.0f} B WAL per message")
-            print(f"ratio this/base: CPU {med['this'][0] / med['base'][0]:.3f}, "
-                  f"WAL {med['this'][1] / med['base'][1]:.3f}")
+            med = {side: tuple(statistics.median(f[i] for f in figures[side]) for i in range(3))
+                   for side in figures}
+            for side, (us, backend, wal) in med.items():
+                print(f"median {side:<4} {us:7.1f} µs ({backend:5.1f} the backend) "
+                      f"{wal:7.0f} B WAL per message")
+            print(f"ratio this/base: CPU {med['this'][0] / med['base'][0]:.3f} (the backend "
+                  f"{med['this'][1] / med['base'][1]:.3f}), "
+                  f"WAL {med['this'][2] / med['base'][2]:.3f}")
         finally:
             for name in names.values():
                 asyncio.run(scratch.drop_database(dsn, name))

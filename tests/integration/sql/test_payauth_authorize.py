@@ -338,7 +338,7 @@ SNAPSHOT = {
                  "billing_amount, billing_currency, partial_ok, amount_approved, final, "
                  "input_hold_state, ledger_balance, already_cleared, message_time, card_id, "
                  "merchant_category, merchant_country, input_card_status, input_card_expires, "
-                 "input_blocks, input_limits::text, limit_id "
+                 "input_blocks, input_limits::text, input_limit_reads::text, limit_id "
                  "FROM processed_transactions ORDER BY txn_id",
     "usage": "SELECT limit_id, period_start, amount, count FROM limit_usage "
              "ORDER BY limit_id, period_start",
@@ -657,7 +657,7 @@ def test_each_route_judges_the_card_controls_as_the_loop(env: stack.Env) -> None
             # unless an advice did; then the usage may pass it, as the contract says.)
             advices_past = await conn.fetchval(
                 "SELECT count(*) FROM processed_transactions WHERE authorization_type = "
-                "'ADVICE' AND input_limits IS NOT NULL")
+                "'ADVICE' AND input_limit_reads IS NOT NULL")
             assert not over or advices_past, over
             mismatched = await conn.fetch(
                 "SELECT u.limit_id, u.period_start FROM limit_usage u "
