@@ -117,7 +117,7 @@ async def _drive(dsn: str, script: Path, calls: int) -> float:
     accounts = ACCOUNTS
     conn = await asyncpg.connect(dsn)
     try:
-        await conn.execute("SET plan_cache_mode = force_custom_plan")
+        await conn.execute("SET plan_cache_mode = force_custom_plan; SET jit = off")
         backend = await conn.fetchval("SELECT pg_backend_pid()")
         before = cpu.seconds(backend)
         for _ in range(calls):

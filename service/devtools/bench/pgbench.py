@@ -108,8 +108,9 @@ def tps(dsn: str, script_file: Path, *, clients: int, seconds: int) -> float:
            "-T", str(seconds), "-f", str(script_file), "-h", host, "-p", port, db]
     if user:
         cmd += ["-U", user.split(":")[0]]
-    # (The worker's sessions plan each execution for its own arrays: adapters/postgres.py.)
-    env = {**os.environ, "PGOPTIONS": "-c plan_cache_mode=force_custom_plan"}
+    # (The worker's sessions plan each execution for its own arrays and compile none:
+    # adapters/postgres.py.)
+    env = {**os.environ, "PGOPTIONS": "-c plan_cache_mode=force_custom_plan -c jit=off"}
     result = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
     found = re.search(r"tps = ([\d.]+)", result.stdout)
     if found is None:
