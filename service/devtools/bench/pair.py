@@ -106,14 +106,13 @@ async def _wal_lsn(dsn: str) -> int:
         await conn.close()
 
 
-async def _drive(dsn: str, script: Path, calls: int) -> float:
+async def _drive(dsn: str, script: str, calls: int) -> float:
     """Run ``script`` ``calls`` times on one session, as pgbench would (its ``\\set``
-    variables drawn at random, the statement planned for its own values: the worker's
-    sessions plan each execution for its own arrays, adapters/postgres.py); returns the CPU
-    that session's backend used, in seconds: the statement's own cost, without what the
-    WAL writer, the checkpointer or autovacuum did meanwhile."""
-    lines = [line for line in script.read_text().splitlines()
-             if line and not line.startswith("\\")]
+    variables drawn at random, the statement planned for its own values and never compiled,
+    as the worker's sessions do, adapters/postgres.py); returns the CPU that session's
+    backend used, in seconds: the statement's own cost, without what the WAL writer, the
+    checkpointer or autovacuum did meanwhile."""
+    lines = [line for line in script.splitlines() if line and not line.startswith("\\")]
     accounts = ACCOUNTS
     conn = await asyncpg.connect(dsn)
     try:
@@ -124,13 +123,18 @@ async def _drive(dsn: str, script: Path, calls: int) -> float:
             values = {"client_id": "0", "n": str(random.randint(1, 2_000_000_000)),
                       "a": str(random.randrange(accounts))}
             for line in lines:
-                await conn.execute(_VARIABLE.sub(lambda m: values[m.group(1)], line))
+                await conn.execute(_with_values(line, values))
         return cpu.seconds(backend) - before
     finally:
         await conn.close()
 
 
 _VARIABLE = re.compile(r":(client_id|n|a)\b")
+
+
+def _with_values(line: str, values: dict[str, str]) -> str:
+    """A script's line with pgbench's variables replaced by their values."""
+    return _VARIABLE.sub(lambda m: values[m.group(1)], line)
 
 
 def _turn(dsn: str, script: Path, calls: int, messages: int) -> tuple[float, float, float]:
@@ -140,7 +144,7 @@ def _turn(dsn: str, script: Path, calls: int, messages: int) -> tuple[float, flo
 
     wal = asyncio.run(_wal_lsn(dsn))
     before = cpu.sample(worker_pid=-1)
-    backend = asyncio.run(_drive(dsn, script, calls))
+    backend = asyncio.run(_drive(dsn, script.read_text(), calls))
     time.sleep(0.5)  # the backend ended: counted once its postmaster has reaped it
     after = cpu.sample(worker_pid=-1)
     wal = asyncio.run(_wal_lsn(dsn)) - wal
