@@ -26,6 +26,9 @@
 --      ADVICE, REVERSAL, CLEARING and INCREMENTAL of a known account with an amount in its
 --      currency; every message that names an original names a hold found, or an
 --      AUTHORIZATION/ADVICE earlier in the batch, of its own account; no hold placed twice.
+--      (The route finds the second and third itself, from the accounts and holds it reads
+--      anyway, and hands a batch without them back, SQLSTATE PAOFF, before it writes
+--      anything: the loop decides it then.)
 --    * each (payauth_authorize_each): anything else (an orphan kept or applied, a clearing
 --      before its hold kept or applied, a reversal of a purchase, a LIFECYCLE_MISMATCH, an
 --      advice or clearing of an unknown account or with no amount in its currency, an
@@ -127,32 +130,11 @@ BEGIN
         WHEN EXISTS (SELECT 1 FROM early_clearings e
                       WHERE e.state = 'WAITING' AND e.original_txn_id = ANY(p_txn_ids))
             THEN 'each'
-        -- An ADVICE, REVERSAL, CLEARING or INCREMENTAL of an unknown account or with no
-        -- amount in its account's currency: a decline, a mismatch or an orphan the loop
-        -- words.
-        WHEN EXISTS (SELECT 1 FROM unnest(p_account_ids, p_currencies, p_auth_types,
-                                          p_amounts, p_billing_currencies, p_billing_amounts)
-                                 AS m(acct, cur, kind, amt, bcur, bamt)
-                       LEFT JOIN accounts a ON a.account_id = m.acct
-                      WHERE m.kind IN ('ADVICE', 'REVERSAL', 'CLEARING', 'INCREMENTAL')
-                        AND (a.account_id IS NULL
-                             OR payauth_account_amount(a.currency::text, m.cur, m.amt,
-                                                       m.bcur, m.bamt) IS NULL))
-            THEN 'each'
-        -- An original that is neither a hold of the message's account nor an AUTHORIZATION
-        -- or ADVICE of it earlier in the batch.
-        WHEN EXISTS (SELECT 1 FROM unnest(p_originals, p_account_ids)
-                                 WITH ORDINALITY AS m(orig, acct, ord)
-                      WHERE m.orig IS NOT NULL
-                        AND NOT EXISTS (SELECT 1 FROM holds h
-                                         WHERE h.txn_id = m.orig AND h.account_id = m.acct)
-                        AND NOT EXISTS (SELECT 1 FROM unnest(p_txn_ids, p_account_ids,
-                                                             p_auth_types)
-                                                   WITH ORDINALITY AS e(txn, acct, kind, ord)
-                                         WHERE e.txn = m.orig AND e.ord < m.ord
-                                           AND e.acct = m.acct
-                                           AND e.kind IN ('AUTHORIZATION', 'ADVICE')))
-            THEN 'each'
+        -- (An ADVICE, REVERSAL, CLEARING or INCREMENTAL of an unknown account or with no
+        -- amount in its currency, and an original that is neither a hold of the message's
+        -- account nor an AUTHORIZATION or ADVICE of it earlier in the batch, are found by
+        -- the lifecycle route itself, from the accounts and holds it reads anyway: it hands
+        -- such a batch back, SQLSTATE PAOFF, and the loop decides it, below.)
         -- A reversal that gives back to a spending limit (of an original a limit counted, or
         -- of one a limit may count earlier in the batch: placed, or incremented) before a
         -- message of its account that a limit may count: that one must see the usage given
@@ -199,6 +181,8 @@ BEGIN
     -- sixth of a purchase: a key another transaction claimed or wrote first is violated
     -- instead, and that is the claim lost, here for every route. Any other key violated is
     -- a fault, raised as it is.)
+    <<decide>>
+    LOOP
     BEGIN
     IF route = 'purchases' THEN
         RETURN QUERY SELECT p.result, p.decline_reason, NULL::text, NULL::boolean,
@@ -232,7 +216,11 @@ BEGIN
                    p_billing_amounts, p_billing_currencies, p_partial_ok, p_final,
                    p_card_ids, p_categories, p_countries, p_times, p_tz);
     END IF;
-    EXCEPTION WHEN unique_violation THEN
+    EXIT decide;
+    EXCEPTION
+    WHEN SQLSTATE 'PAOFF' THEN  -- the lifecycle route's: nothing written, the loop decides
+        route := 'each';
+    WHEN unique_violation THEN
         GET STACKED DIAGNOSTICS violated = TABLE_NAME;
         IF violated IN ('ledger_entries', 'holds', 'lifecycle_messages')
            OR violated LIKE 'processed\_transactions%' THEN
@@ -242,6 +230,7 @@ BEGIN
         END IF;
         RAISE;
     END;
+    END LOOP;
 END
 $$;
 

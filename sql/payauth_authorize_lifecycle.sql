@@ -1,7 +1,10 @@
 -- payauth_authorize_lifecycle: payauth_authorize's route for the lifecycle's common path
 -- (sql/payauth_authorize.sql says which batches take it, and calls it with the accounts
--- locked): every original a hold found, or an AUTHORIZATION/ADVICE placed earlier in the
--- batch, of the message's own account; no orphan reversal or early clearing waiting; every
+-- locked): no orphan reversal or early clearing waiting. What else its path needs it finds
+-- itself, from the accounts and holds it reads anyway, and hands a batch without it back
+-- whole, SQLSTATE PAOFF, before writing anything (payauth_authorize then has the loop,
+-- payauth_authorize_each, decide it): every original a hold found, or an
+-- AUTHORIZATION/ADVICE placed earlier in the batch, of the message's own account; every
 -- ADVICE, CLEARING, REVERSAL and INCREMENTAL of a known account with an amount in its
 -- currency (any other kind of an unknown account or with no amount in the account's
 -- currency is declined here, by payauth_decide, as the loop declines it).
@@ -74,10 +77,13 @@ DECLARE
     hrel       numeric[];
     hlim       boolean[];  -- a limit counted it (holds.limited): its reversals give back
     htids      tid[];      -- where each hold found is, locked: its UPDATE finds it there
+    seqscan    text;       -- the session's enable_seqscan and enable_nestloop, off for
+    nestloop   text;       -- that UPDATE alone
     gives      boolean[];  -- per message: a REVERSAL of a hold a limit had counted by then
     hlive      boolean[];  -- exists by now: found, or placed (approved) earlier in the batch
     htouched   boolean[];  -- a found hold this batch changed
     oslot      integer[];  -- each message's original's position in hkeys
+    placer     integer[];  -- each hold the batch places (hkeys after n_found): its message
     pslot      integer[];  -- each AUTHORIZATION/ADVICE's own position in hkeys
     res        text[] := '{}';
     reasons    text[] := '{}';
@@ -155,7 +161,9 @@ BEGIN
      CROSS JOIN LATERAL (SELECT x.*, x.ctid AS tid FROM holds x
                           WHERE x.txn_id = o.id FOR UPDATE) h;
     n_found := coalesce(array_length(hkeys, 1), 0);
-    SELECT hkeys || coalesce(array_agg(t.id ORDER BY t.ord), '{}') INTO hkeys
+    SELECT hkeys || coalesce(array_agg(t.id ORDER BY t.ord), '{}'),
+           coalesce(array_agg(t.ord::integer ORDER BY t.ord), '{}')
+      INTO hkeys, placer
       FROM unnest(p_txn_ids, p_auth_types) WITH ORDINALITY AS t(id, kind, ord)
      WHERE t.kind IN ('AUTHORIZATION', 'ADVICE');
     -- Every hold array as long as hkeys (a NULL array assigned an element would start at it).
@@ -193,9 +201,10 @@ BEGIN
     pgrant := array_fill(NULL::numeric, ARRAY[coalesce(cardinality(pmsg), 0)]);
 
     -- Decide in offset order, in memory: each message sees the balances and holds the ones
-    -- before it left. Every original is a hold found or one the batch placed earlier (the
-    -- route says so); one placed earlier may have been declined: a REVERSAL of it changes
-    -- nothing, a CLEARING of it is forced, an INCREMENTAL of it is declined.
+    -- before it left. Every original is a hold found or one the batch placed earlier, of
+    -- the message's account (the batch is handed back otherwise); one placed earlier may
+    -- have been declined: a REVERSAL of it changes nothing, a CLEARING of it is forced, an
+    -- INCREMENTAL of it is declined.
     FOR i IN 1..n LOOP
         j := aslot[i]; kind := p_auth_types[i];
         amt := payauth_account_amount(curs[j], p_currencies[i], p_amounts[i],
@@ -206,9 +215,24 @@ BEGIN
         applied[i] := NULL; forced_[i] := NULL; ended[i] := false; grants[i] := NULL;
         deltas[i] := 0; hdeltas[i] := 0; seen_hold[i] := NULL;
         k := oslot[i];
-        IF p_originals[i] IS NOT NULL AND k IS NULL THEN
-            RAISE EXCEPTION 'the original % of % is off the lifecycle route',
-                            p_originals[i], p_txn_ids[i];
+        -- Off this route, handed back whole to payauth_authorize (nothing written yet),
+        -- which has the loop decide the batch: a kind that is never declined of an unknown
+        -- account or with no amount in its currency (a decline, a mismatch or an orphan the
+        -- loop words), and an original that is neither a hold of the message's account nor
+        -- an AUTHORIZATION or ADVICE of it earlier in the batch.
+        IF amt IS NULL AND kind IN ('ADVICE', 'REVERSAL', 'CLEARING', 'INCREMENTAL') THEN
+            RAISE EXCEPTION 'no amount of % in its account''s currency', p_txn_ids[i]
+                  USING ERRCODE = 'PAOFF';
+        END IF;
+        IF p_originals[i] IS NOT NULL
+           AND (k IS NULL
+                OR (k <= n_found AND hacct[k] <> p_account_ids[i])
+                OR (k > n_found AND (placer[k - n_found] >= i
+                                     OR p_account_ids[placer[k - n_found]]
+                                        <> p_account_ids[i]))) THEN
+            RAISE EXCEPTION 'the original % of % is no hold of its account before it',
+                            p_originals[i], p_txn_ids[i]
+                  USING ERRCODE = 'PAOFF';
         END IF;
         IF kind = 'INCREMENTAL' THEN
             seen_hold[i] := CASE WHEN hlive[k] AND hacct[k] = p_account_ids[i]
@@ -316,16 +340,29 @@ BEGIN
                WITH ORDINALITY
                AS u(id, acct, cur, kind, amt, inc, rem, state, by, rel, live, lim, pos)
      WHERE u.pos > n_found AND u.live;
+    -- (Each where it was locked, joined by it: a TID scan of each, never a scan of the holds.
+    -- Given the choice, the planner read every active hold by their index, for the batch's
+    -- tids, comparing each found with each of the batch's, whenever its statistics said few
+    -- were active; or every hold, while it believed reading them all cheaper than fetching
+    -- the batch's: either way a cost that grows with the holds the bank keeps, not with the
+    -- batch. The state is read as a text that index cannot answer, and no scan of the whole
+    -- table is planned for this statement.)
+    seqscan := current_setting('enable_seqscan');
+    nestloop := current_setting('enable_nestloop');
+    PERFORM set_config('enable_seqscan', 'off', true), set_config('enable_nestloop', 'off', true);
     UPDATE holds h
        SET remaining = u.rem, incremented = u.inc, state = u.state,
            ended_at = CASE WHEN u.state <> 'ACTIVE' THEN now() END,
            ended_by = u.by, released = u.rel, limited = u.lim
-      FROM unnest(hkeys[1:n_found], hrem[1:n_found], hinc[1:n_found], hstate[1:n_found],
-                  hby[1:n_found], hrel[1:n_found], htouched[1:n_found], hlim[1:n_found])
-           AS u(id, rem, inc, state, by, rel, touched, lim)
-     -- (Each where it was locked: a TID scan, never a scan of the active holds.)
-     WHERE h.ctid = ANY(htids) AND u.touched AND h.txn_id = u.id AND h.state = 'ACTIVE';
+      FROM unnest(htids, hkeys[1:n_found], hrem[1:n_found], hinc[1:n_found],
+                  hstate[1:n_found], hby[1:n_found], hrel[1:n_found], htouched[1:n_found],
+                  hlim[1:n_found])
+           AS u(tid, id, rem, inc, state, by, rel, touched, lim)
+     WHERE h.ctid = ANY(htids) AND h.ctid = u.tid AND u.touched
+       AND h.txn_id || '' = u.id AND h.state || '' = 'ACTIVE';
     GET DIAGNOSTICS n_written = ROW_COUNT;
+    PERFORM set_config('enable_seqscan', seqscan, true),
+            set_config('enable_nestloop', nestloop, true);
     IF n_written <> (SELECT count(*) FROM unnest(htouched[1:n_found]) AS t WHERE t) THEN
         RAISE EXCEPTION 'a hold ended meanwhile' USING ERRCODE = 'PA409';
     END IF;

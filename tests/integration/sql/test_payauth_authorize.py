@@ -576,6 +576,15 @@ def test_each_route_decides_as_the_loop(env: stack.Env) -> None:
                 want = "payauth_authorize_purchases" if batch[0].txn == "P-Y1" \
                     else "payauth_authorize_each"
                 assert route == want, batch
+            # A hold found (placed by a batch before), named by a message of another
+            # account, among messages the lifecycle route would decide: the loop, whole.
+            await stack.seed_accounts(env.dsn, [("P-W-ONE", "100.00", "EUR"),
+                                                ("P-W-TWO", "100.00", "EUR")])
+            assert await _both(conn, [Msg("P-W1", "P-W-ONE", "AUTHORIZATION", "1.00")]) \
+                == "payauth_authorize_lifecycle"
+            assert await _both(conn, [Msg("P-W2", "P-W-ONE", "AUTHORIZATION", "1.00"),
+                                      Msg("P-W3", "P-W-TWO", "CLEARING", "1.00", "P-W1")]) \
+                == "payauth_authorize_each"
         finally:
             await conn.close()
 
