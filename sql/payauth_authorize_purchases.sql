@@ -107,12 +107,15 @@ BEGIN
         RETURN;
     END IF;
 
-    SELECT array_agg(k.id ORDER BY k.id), array_agg(a.balance ORDER BY k.id),
-           array_agg(a.held ORDER BY k.id), array_agg(a.currency::text ORDER BY k.id),
-           array_agg(a.status ORDER BY k.id)
+    -- (Aggregated in one pass over rows sorted once: an ORDER BY in each aggregate would
+    -- sort the accounts once per array.)
+    SELECT array_agg(x.id), array_agg(x.balance), array_agg(x.held),
+           array_agg(x.currency::text), array_agg(x.status)
       INTO ids, bals, helds, currencies, statuses
-      FROM (SELECT DISTINCT unnest(p_account_ids) AS id) k
-      LEFT JOIN accounts a ON a.account_id = k.id;
+      FROM (SELECT k.id, a.balance, a.held, a.currency, a.status
+              FROM (SELECT DISTINCT unnest(p_account_ids) AS id) k
+              LEFT JOIN accounts a ON a.account_id = k.id
+             ORDER BY k.id) x;
 
     SELECT array_agg(s.pos ORDER BY t.ord) INTO slot
       FROM unnest(p_account_ids) WITH ORDINALITY AS t(id, ord)
