@@ -125,12 +125,28 @@ def test_no_secret_reaches_a_log_line(monkeypatch: pytest.MonkeyPatch,
                     detail=["redis-S3cret"])
         log.warning("other", error="a URL no setting names: redis://:hunter22@elsewhere/0")
         log.info("partitions_assigned", partitions=[0, 1])  # no secret: left a list
+        log.warning("nested", detail={"tries": [{"said": 'kafka-S3cret"quoted"'}]}, n=(1, 2))
     finally:
         lines = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
         with capsys.disabled():  # the real stderr again, not this test's capture
             configure_logging()
-    assert len(lines) == 5 and lines[4]["partitions"] == [0, 1]
+    assert len(lines) == 6 and lines[4]["partitions"] == [0, 1] and lines[5]["n"] == [1, 2]
     text = json.dumps(lines)
     for secret in ("kafka-S3cret", "pg-S3cret", "redis-S3cret", "hunter22"):
         assert secret not in text
     assert lines[0]["error"] == "SASL authentication failed: *** rejected"
+
+
+def test_a_secret_that_json_escapes_is_masked_inside_a_list(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    secret = 'pa"ss\\word'
+    configure_logging("json", "INFO", [secret])
+    try:
+        structlog.get_logger("t").warning("refused", detail=[f"login {secret} refused"])
+    finally:
+        out = capsys.readouterr().err
+        with capsys.disabled():
+            configure_logging()
+    [line] = [json.loads(text) for text in out.splitlines()]
+    assert secret not in json.dumps(line) and secret not in str(line["detail"])
+    assert "***" in line["detail"]
