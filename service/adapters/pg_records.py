@@ -11,12 +11,12 @@ from typing import Any
 
 from service.domain.dedup import AppliedReversal, StoredResult
 from service.domain.messages import Authorization, fingerprint_of
-from service.domain.money import format_amount
+from service.domain.money import format_amount, format_stored
 from service.domain.vocabulary import AuthorizationType, DeclineReason, Result
 
 
 def _applied(text: str | None, currency: str) -> str | None:
-    return None if text is None else format_amount(Decimal(text), currency)
+    return None if text is None else format_stored(text, currency)
 
 
 def _reversals(ids: list[str] | None, amounts: list[str] | None,
@@ -26,7 +26,7 @@ def _reversals(ids: list[str] | None, amounts: list[str] | None,
     arrays, NULL for none)."""
     if not ids or amounts is None or correlations is None:
         return ()
-    return tuple(AppliedReversal(txn, format_amount(Decimal(amount), currency), correlation)
+    return tuple(AppliedReversal(txn, format_stored(amount, currency), correlation)
                  for txn, amount, correlation in zip(ids, amounts, correlations, strict=True))
 
 
@@ -79,7 +79,7 @@ def with_day(record: StoredResult, a: Authorization, row: Any) -> StoredResult:
         record.account_currency = account_currency
     approved = row["approved"]
     if approved is not None and record.result is Result.APPROVED:
-        text = format_amount(Decimal(approved), account_currency)
+        text = format_stored(approved, account_currency)
         if text != a.amount_text or account_currency != a.currency:
             record.amount_approved_text = text
     record.partial = bool(row["partial"])

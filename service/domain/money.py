@@ -56,6 +56,19 @@ def format_amount(amount: Decimal, currency: str) -> str:
     return str(amount.quantize(quantum(currency)))
 
 
+def format_stored(text: str, currency: str) -> str:
+    """``format_amount`` of an amount as PostgreSQL writes a numeric (a sign, digits, as
+    many decimals as its scale, never an exponent): the text itself when it has exactly the
+    currency's decimals already (nothing to round: the same text), read and rounded
+    otherwise. Several amounts of each lifecycle decision come back so: reading each into a
+    Decimal to write it out again was half of what formatting them cost."""
+    decimals = minor_unit(currency)
+    point = text.find(".")
+    if (len(text) - point - 1 == decimals) if point > 0 else (decimals == 0 and text):
+        return text
+    return format_amount(Decimal(text), currency)
+
+
 @cache  # a few dozen currencies; an unknown code raises, and is not kept
 def quantum(currency: str) -> Decimal:
     """0.01 for EUR, 1 for JPY: what an amount in ``currency`` is rounded to (once per code;

@@ -10,7 +10,7 @@ import pytest
 
 from service.domain.errors import DeadLetterReason, InvalidMessage
 from service.domain.messages import AuthorizationType, decode_authorization
-from service.domain.money import fits_minor_unit, minor_unit, quantum
+from service.domain.money import fits_minor_unit, format_amount, format_stored, minor_unit, quantum
 from service.domain.vocabulary import MAX_AMOUNT
 from tests.support.factory import auth_message, encode
 
@@ -129,6 +129,26 @@ def test_the_minor_unit_check_says_what_counting_decimals_says() -> None:
             assert fits is (decimals_of(amount) <= minor_unit(currency)), (amount, currency)
             verdicts.add(fits)
     assert verdicts == {True, False}  # both answers were given, many times
+
+
+def test_an_amount_as_postgresql_writes_it_is_formatted_as_any_other() -> None:
+    """``format_stored`` (the text kept when it has the currency's decimals) against
+    ``format_amount`` (read, rounded, written), over numerics as PostgreSQL writes them:
+    signed, 0 to 6 decimals, for currencies of 0 to 4; both paths taken."""
+    rng = random.Random(11)
+    texts = ["0", "0.00", "12.34", "-12.34", "1250", "-1250", "12.3", "12.345", "7.0000",
+             "999999999999999.99", "-0.5"]
+    while len(texts) < 20_000:
+        places = rng.randint(0, 6)
+        fraction = f".{rng.randrange(10 ** places):0{places}d}" if places else ""
+        texts.append(f"{rng.choice(['', '-'])}{rng.randrange(10 ** rng.randint(1, 15))}{fraction}")
+    kept = set()
+    for currency in ("JPY", "EUR", "KWD", "CLF"):
+        for text in texts:
+            formatted = format_stored(text, currency)
+            assert formatted == format_amount(Decimal(text), currency), (text, currency)
+            kept.add(formatted is text)
+    assert kept == {True, False}
 
 
 @pytest.mark.parametrize("currency", ["eur", "EURO", "XYZ", "XAU", "XXX", "", 978])
