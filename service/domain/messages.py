@@ -130,24 +130,19 @@ def _describe(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
-# Optional fields of the request's fingerprint: a message that carries any of them has its
-# fingerprint computed by the full path only.
-_OPTIONAL_KEY_FIELDS = frozenset({"partial_approval_supported", "billing_amount",
-                                  "billing_currency", "final"})
-
-
 class RedeliveryKey(NamedTuple):
     transaction_id: str
     fingerprint: str  # of the key fields as sent
     message_id: str | None  # unvalidated: compared (hashed), never shown
     amount: str  # as sent: when it is the canonical text, the fingerprint is the request's
+    billing_amount: str | None = None  # likewise, of a conversion
 
 
 def redelivery_key(raw: bytes | None, *, max_bytes: int = 65_536) -> RedeliveryKey | None:
-    """(transaction_id, fingerprint of the key fields as sent, message_id, amount as sent),
-    read cheaply, for a message that the strict parser (``_parse``) would accept and read the
-    same way; None whenever in doubt (the message then takes the full path). Never raises:
-    whatever the bytes, the worst answer is None.
+    """(transaction_id, fingerprint of the key fields as sent, message_id, amount as sent,
+    billing amount as sent), read cheaply, for a message that the strict parser (``_parse``)
+    would accept and read the same way; None whenever in doubt (the message then takes the
+    full path). Never raises: whatever the bytes, the worst answer is None.
 
     This is what lets a replay skip the strict parser and the schema check: a fingerprint
     read here can only equal one stored for a decided transaction when the key fields are
@@ -180,8 +175,16 @@ def redelivery_key(raw: bytes | None, *, max_bytes: int = 65_536) -> RedeliveryK
                 and type(currency) is str and type(auth_type) is str
                 and (original is None or type(original) is str)):
             return None
-        if _OPTIONAL_KEY_FIELDS.intersection(body):
-            return None  # the full path words their fingerprint
+        # The optional key fields as the strict path reads them once validated: absent, or
+        # of their one type (a null or another type: the full path words it).
+        partial_ok = body.get("partial_approval_supported", False)
+        final = body.get("final", True)
+        billing_amount = body.get("billing_amount")
+        billing_currency = body.get("billing_currency")
+        if not (type(partial_ok) is bool and type(final) is bool
+                and ("billing_amount" in body) is (type(billing_amount) is str)
+                and ("billing_currency" in body) is (type(billing_currency) is str)):
+            return None
         # orjson writes back at most 254 levels of nesting: deeper is for the full path too.
         if orjson.dumps(document).count(b'"') != raw.count(b'"'):
             return None  # a key was repeated
@@ -189,8 +192,13 @@ def redelivery_key(raw: bytes | None, *, max_bytes: int = 65_536) -> RedeliveryK
         return None
     headers = document.get("headers")
     message_id = headers.get("message_id") if type(headers) is dict else None
-    return RedeliveryKey(txn_id, fingerprint_of(account, amount, currency, auth_type, original),
-                         message_id if type(message_id) is str else None, amount)
+    billing = None if billing_amount is None or billing_currency is None \
+        else (billing_amount, billing_currency)
+    return RedeliveryKey(txn_id, fingerprint_of(account, amount, currency, auth_type, original,
+                                                partial_ok=partial_ok, billing=billing,
+                                                final=final),
+                         message_id if type(message_id) is str else None, amount,
+                         billing_amount if billing is not None else None)
 
 
 def _read_plain(raw: bytes) -> Any:
@@ -325,10 +333,10 @@ def _validate(document: dict[str, Any], key: RedeliveryKey | None) -> Authorizat
     billing_currency, billing_amount = body.get("billing_currency"), body.get("billing_amount")
     billing_text = None if billing_currency is None or billing_amount is None else \
         format_amount(billing_amount, billing_currency)
-    if key is not None and key.amount == amount_text:
-        # The key hashed these very key fields (account, currency and type are validated
-        # as sent, unchanged; it is only made without the optional ones): the request's
-        # fingerprint is the key's, not hashed again.
+    if key is not None and key.amount == amount_text and key.billing_amount == billing_text:
+        # The key hashed these very key fields (account, currency, type and the optional
+        # ones are validated as sent, unchanged; the amounts were sent in their canonical
+        # text): the request's fingerprint is the key's, not hashed again.
         fingerprint = key.fingerprint
     else:
         fingerprint = fingerprint_of(

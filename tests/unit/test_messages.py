@@ -298,10 +298,43 @@ def test_redelivery_key_reads_the_key_fields_as_sent() -> None:
 
     raw = encode(auth_message("T", amount="10.50"))
     strict = decode_authorization(raw)
-    assert redelivery_key(raw) == ("T", strict.fingerprint, strict.message_id, "10.50")
+    assert redelivery_key(raw) == ("T", strict.fingerprint, strict.message_id, "10.50", None)
     # Not the canonical text: no fingerprint of a decided request can equal this one, so a
     # redelivery written differently is always validated and looked up in PostgreSQL.
     assert redelivery_key(encode(auth_message("T", amount="10.5"))) != redelivery_key(raw)
+
+
+@pytest.mark.parametrize("fields", [
+    {"partial_approval_supported": True}, {"partial_approval_supported": False},
+    {"authorization_type": "CLEARING", "final": False},
+    {"authorization_type": "CLEARING", "final": True},
+    {"amount": "1250", "currency": "JPY", "billing_amount": "7.50", "billing_currency": "EUR"},
+    {"amount": "1250", "currency": "JPY", "billing_amount": "7.5", "billing_currency": "EUR"},
+])
+def test_redelivery_key_reads_the_optional_key_fields_as_the_strict_path(
+        fields: dict[str, object]) -> None:
+    from service.domain.messages import redelivery_key
+
+    raw = encode(auth_message("T", **fields))  # type: ignore[arg-type]
+    strict = decode_authorization(raw)
+    key = redelivery_key(raw)
+    assert key is not None
+    canonical = fields.get("billing_amount") != "7.5"
+    # As sent in the canonical text, the key's fingerprint is the request's; "7.5" is not:
+    # no decided request's can equal it, and the keyed decoding hashes the request again.
+    assert (key.fingerprint == strict.fingerprint) is canonical
+    assert decode_authorization(raw, key=key).fingerprint == strict.fingerprint
+    assert key.billing_amount == fields.get("billing_amount")
+
+
+@pytest.mark.parametrize("fields", [{"partial_approval_supported": None}, {"final": "false"},
+                                    {"billing_amount": 7.5, "billing_currency": "EUR"},
+                                    {"billing_amount": "7.50", "billing_currency": None}])
+def test_redelivery_key_leaves_an_optional_field_of_another_type_to_the_strict_path(
+        fields: dict[str, object]) -> None:
+    from service.domain.messages import redelivery_key
+
+    assert redelivery_key(encode(auth_message("T", **fields))) is None  # type: ignore[arg-type]
 
 
 def _variants() -> list[bytes]:

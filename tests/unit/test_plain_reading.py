@@ -32,7 +32,13 @@ def _mutants(count: int, seed: int) -> list[bytes]:
     bases += [encode(auth_message("T-R", amount="5.00", authorization_type="REVERSAL",
                                   original_transaction_id="T-0")),
               encode(auth_message("T-C", amount="5.00", authorization_type="CLEARING",
-                                  original_transaction_id=None))]
+                                  original_transaction_id=None)),
+              # the optional key fields: a split clearing, a conversion, a partial approval
+              encode(auth_message("T-F", amount="5.00", authorization_type="CLEARING",
+                                  original_transaction_id="T-0", final=False)),
+              encode(auth_message("T-B", amount="1250", currency="JPY",
+                                  billing_amount="7.50", billing_currency="EUR")),
+              encode(auth_message("T-P", amount="5.00", partial_approval_supported=True))]
     out = []
     for _ in range(count):
         raw = bytearray(rng.choice(bases))
