@@ -149,10 +149,13 @@ BEGIN
       FROM unnest(p_account_ids) WITH ORDINALITY AS t(id, ord)
       JOIN unnest(ids) WITH ORDINALITY AS s(id, pos) ON s.id = t.id;
 
-    -- The originals that are holds, locked and read in one order (txn_id), each found by
-    -- its key (a lateral probe: never a scan of the holds, which a planner's guess on a
-    -- young table chose, reading every hold per batch); then the holds the batch places.
-    -- (The arrays are aggregated in one pass: aligned, in the order locked.)
+    -- The originals that are holds of the batch's accounts, locked and read in one order
+    -- (txn_id), each found by its key (a lateral probe: never a scan of the holds, which a
+    -- planner's guess on a young table chose, reading every hold per batch); then the
+    -- holds the batch places. (A hold of an account the batch has not locked is left
+    -- alone: never waited for nor locked here, it is not found, and the loop words the
+    -- message that names it. The arrays are aggregated in one pass: aligned, in the
+    -- order locked.)
     SELECT coalesce(array_agg(h.txn_id), '{}'), array_agg(h.account_id),
            array_agg(h.currency::text), array_agg(h.kind), array_agg(h.amount),
            array_agg(h.incremented), array_agg(h.remaining), array_agg(h.state),
@@ -162,7 +165,7 @@ BEGIN
       FROM (SELECT DISTINCT o.id FROM unnest(p_originals) AS o(id)
              WHERE o.id IS NOT NULL ORDER BY o.id) o
      CROSS JOIN LATERAL (SELECT x.*, x.ctid AS tid FROM holds x
-                          WHERE x.txn_id = o.id FOR UPDATE) h;
+                          WHERE x.txn_id = o.id AND x.account_id = ANY(ids) FOR UPDATE) h;
     n_found := coalesce(array_length(hkeys, 1), 0);
     SELECT hkeys || coalesce(array_agg(t.id ORDER BY t.ord), '{}'),
            coalesce(array_agg(t.ord::integer ORDER BY t.ord), '{}')

@@ -4,7 +4,8 @@ by another, interleaved exactly as a review found them losing the reversal's cre
 purchase's batch reading the waiting orphans before it locked the account); a clearing kept
 before its hold and the hold decided by another batch, at the same point; two purchases of
 one card with room in its limit for one; a card frozen, and a limit loaded, while a batch
-decides for its account; and the first race many times over through two stores, as two
+decides for its account; a batch naming a hold of an account it has not locked while that
+hold's batch is open; and the first race many times over through two stores, as two
 workers' batches meet."""
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from service.domain.messages import Authorization, decode_authorization
 from service.ops import cards, limits
 from tests.support import stack
 from tests.support.factory import auth_message, authorization, encode
-from tests.support.held_open import command_while_a_batch_decides
+from tests.support.held_open import HeldOpenStore, command_while_a_batch_decides
 
 
 def _decided_while_the_other_waits(env: stack.Env, held: Authorization,
@@ -192,3 +193,40 @@ def test_a_limit_loaded_while_a_batch_decides_for_its_account_waits_for_it(
     [usage] = stack.fetch(env.dsn, "SELECT amount, count FROM limit_usage WHERE limit_id = $1",
                           f"LIM-{account}")
     assert (usage["amount"], usage["count"]) == (Decimal("60.00"), 1)
+
+
+def test_a_batch_never_waits_for_a_hold_of_an_account_it_has_not_locked(
+        env: stack.Env) -> None:
+    """1. A batch of account B clears B's hold and stays open (the hold locked). 2. A batch
+    of account A places a hold and reverses B's hold by mistake: it locks only A, so it must
+    not wait for B's hold either; the reversal is answered as a mismatch (the loop's
+    wording, from the hold as last committed) while the first batch is still open."""
+    asyncio.run(stack.seed_accounts(env.dsn, [("RACE-A", "100.00", "EUR"),
+                                              ("RACE-B", "100.00", "EUR")]))
+    run = uuid.uuid4().hex[:6]
+    held_b = authorization(f"HB-{run}", "RACE-B", "10.00", kind="AUTHORIZATION")
+
+    async def scenario() -> tuple[Any, Any]:
+        holding = await HeldOpenStore.connect(env.dsn)
+        other = await PostgresStore.connect(env.dsn)
+        try:
+            await stack.authorize_in_order(other, [held_b])
+            first = asyncio.create_task(holding.authorize(
+                [authorization(f"CB-{run}", "RACE-B", "10.00", kind="CLEARING",
+                               original=held_b.transaction_id)],
+                source_topic="t", source_partitions=[0], source_offsets=[0]))
+            await asyncio.wait_for(holding.decided.wait(), 10)
+            second = await asyncio.wait_for(stack.authorize_in_order(other, [
+                authorization(f"HA-{run}", "RACE-A", "1.00", kind="AUTHORIZATION"),
+                authorization(f"RA-{run}", "RACE-A", "1.00", kind="REVERSAL",
+                              original=held_b.transaction_id)]), 10)
+            assert not first.done()  # B's batch still open, its hold still locked
+            holding.release.set()
+            return await first, second
+        finally:
+            await holding.close()
+            await other.close()
+
+    [cleared], [placed, reversed_] = asyncio.run(scenario())
+    assert not cleared.forced and placed.result.value == "APPROVED"
+    assert reversed_.mismatch is not None and "another account" in reversed_.mismatch
