@@ -57,8 +57,9 @@ def _mask_secret_values(_logger: object, _method: str,
             event[key] = mask_secrets(value)
         elif isinstance(value, list | tuple | dict):
             # Left as it is (a list stays a list in the JSON) unless a secret is inside,
-            # looked for in its JSON (a batch's decisions, a thousand of them, written out
-            # by orjson in a tenth of what Python's repr of them takes).
+            # looked for in its JSON: a batch's decided line carries a thousand decisions,
+            # and orjson writes them out far faster than Python's repr (docs/benchmark.md,
+            # "Design figures").
             text = _as_text(value)
             masked = mask_secrets(text)
             if masked != text:

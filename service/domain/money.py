@@ -60,8 +60,9 @@ def format_stored(text: str, currency: str) -> str:
     """``format_amount`` of an amount as PostgreSQL writes a numeric (a sign, digits, as
     many decimals as its scale, never an exponent): the text itself when it has exactly the
     currency's decimals already (nothing to round: the same text), read and rounded
-    otherwise. Several amounts of each lifecycle decision come back so: reading each into a
-    Decimal to write it out again was half of what formatting them cost."""
+    otherwise. Several amounts of each lifecycle decision come back so, and reading each into
+    a Decimal to write it out again is most of what formatting it costs (docs/benchmark.md,
+    "Design figures")."""
     decimals = minor_unit(currency)
     point = text.find(".")
     if (len(text) - point - 1 == decimals) if point > 0 else (decimals == 0 and text):
