@@ -219,6 +219,9 @@ BEGIN
     EXIT decide;
     EXCEPTION
     WHEN SQLSTATE 'PAOFF' THEN  -- the lifecycle route's: nothing written, the loop decides
+        IF route <> 'lifecycle' THEN
+            RAISE;
+        END IF;
         route := 'each';
     WHEN unique_violation THEN
         GET STACKED DIAGNOSTICS violated = TABLE_NAME;

@@ -170,8 +170,15 @@ BEGIN
         -- What the original is (payauth_mismatch found it fit): a hold, a posted PURCHASE, a
         -- declined authorization or purchase, or nothing known yet.
         IF orig IS NOT NULL THEN
-            SELECT * INTO h FROM holds WHERE txn_id = orig FOR UPDATE;
+            -- (A hold of the message's own account locked, the batch holds that account's
+            -- lock; one of another account only read: it ends in a decline or a mismatch,
+            -- and locking it would wait for, or deadlock with, that account's batch.)
+            SELECT * INTO h FROM holds WHERE txn_id = orig AND account_id = acct FOR UPDATE;
             has_hold := FOUND;
+            IF NOT has_hold THEN
+                SELECT * INTO h FROM holds WHERE txn_id = orig;
+                has_hold := FOUND;
+            END IF;
             IF has_hold THEN
                 orig_type := h.kind; orig_res := 'APPROVED'; hold_active := h.state = 'ACTIVE';
             ELSE

@@ -232,10 +232,10 @@ BEGIN
         END IF;
         IF p_originals[i] IS NOT NULL
            AND (k IS NULL
-                OR (k <= n_found AND hacct[k] <> p_account_ids[i])
+                OR (k <= n_found AND hacct[k] IS DISTINCT FROM p_account_ids[i])
                 OR (k > n_found AND (placer[k - n_found] >= i
                                      OR p_account_ids[placer[k - n_found]]
-                                        <> p_account_ids[i]))) THEN
+                                        IS DISTINCT FROM p_account_ids[i]))) THEN
             RAISE EXCEPTION 'the original % of % is no hold of its account before it',
                             p_originals[i], p_txn_ids[i]
                   USING ERRCODE = 'PAOFF';

@@ -15,6 +15,7 @@ import uuid
 from decimal import Decimal
 from typing import Any
 
+import pytest
 from service.adapters.postgres import PostgresStore
 from service.domain.messages import Authorization, decode_authorization
 from service.ops import cards, limits
@@ -195,12 +196,15 @@ def test_a_limit_loaded_while_a_batch_decides_for_its_account_waits_for_it(
     assert (usage["amount"], usage["count"]) == (Decimal("60.00"), 1)
 
 
+@pytest.mark.parametrize("kind", ["REVERSAL", "INCREMENTAL"])
 def test_a_batch_never_waits_for_a_hold_of_an_account_it_has_not_locked(
-        env: stack.Env) -> None:
+        env: stack.Env, kind: str) -> None:
     """1. A batch of account B clears B's hold and stays open (the hold locked). 2. A batch
-    of account A places a hold and reverses B's hold by mistake: it locks only A, so it must
-    not wait for B's hold either; the reversal is answered as a mismatch (the loop's
-    wording, from the hold as last committed) while the first batch is still open."""
+    of account A places a hold and reverses (or increments) B's hold by mistake: it locks
+    only A, so it must not wait for B's hold either (two such batches, each naming the
+    other's holds, would deadlock); the reversal is answered as a mismatch, the increment
+    declined HOLD_NOT_ACTIVE (the loop's answers, from the hold as last committed), while
+    the first batch is still open."""
     asyncio.run(stack.seed_accounts(env.dsn, [("RACE-A", "100.00", "EUR"),
                                               ("RACE-B", "100.00", "EUR")]))
     run = uuid.uuid4().hex[:6]
@@ -218,7 +222,7 @@ def test_a_batch_never_waits_for_a_hold_of_an_account_it_has_not_locked(
             await asyncio.wait_for(holding.decided.wait(), 10)
             second = await asyncio.wait_for(stack.authorize_in_order(other, [
                 authorization(f"HA-{run}", "RACE-A", "1.00", kind="AUTHORIZATION"),
-                authorization(f"RA-{run}", "RACE-A", "1.00", kind="REVERSAL",
+                authorization(f"RA-{run}", "RACE-A", "1.00", kind=kind,
                               original=held_b.transaction_id)]), 10)
             assert not first.done()  # B's batch still open, its hold still locked
             holding.release.set()
@@ -227,6 +231,10 @@ def test_a_batch_never_waits_for_a_hold_of_an_account_it_has_not_locked(
             await holding.close()
             await other.close()
 
-    [cleared], [placed, reversed_] = asyncio.run(scenario())
+    [cleared], [placed, named] = asyncio.run(scenario())
     assert not cleared.forced and placed.result.value == "APPROVED"
-    assert reversed_.mismatch is not None and "another account" in reversed_.mismatch
+    if kind == "REVERSAL":
+        assert named.mismatch is not None and "another account" in named.mismatch
+    else:
+        assert named.decline_reason is not None
+        assert named.decline_reason.value == "HOLD_NOT_ACTIVE"
