@@ -16,6 +16,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+
 from service.adapters.postgres import PostgresStore
 from service.domain.messages import Authorization, decode_authorization
 from service.ops import cards, limits
