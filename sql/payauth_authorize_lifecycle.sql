@@ -351,8 +351,8 @@ BEGIN
     -- tids, comparing each found with each of the batch's, whenever its statistics said few
     -- were active; or every hold, while it believed reading them all cheaper than fetching
     -- the batch's: either way a cost that grows with the holds the bank keeps, not with the
-    -- batch. The state is read as a text that index cannot answer, and no scan of the whole
-    -- table is planned for this statement.)
+    -- batch. The state and the key are read as texts no index can answer, and neither a
+    -- scan of the whole table nor a nested loop is planned for this statement.)
     seqscan := current_setting('enable_seqscan');
     nestloop := current_setting('enable_nestloop');
     PERFORM set_config('enable_seqscan', 'off', true), set_config('enable_nestloop', 'off', true);
