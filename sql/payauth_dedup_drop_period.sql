@@ -13,9 +13,10 @@
 -- a period (migration 022) are found through the records they are kept under.
 --
 -- Never the period under way, the ones ahead or the default partition. Detaching a
--- partition takes ACCESS EXCLUSIVE on the table for a moment (the claims under way finish
--- first, the next ones wait); no longer than lock_timeout (1 s), or it is left to the next
--- purge. Only detached: dropping frees the files, which takes the file system a time that
+-- partition takes ACCESS EXCLUSIVE on the table and on that partition for a moment (the
+-- claims under way finish first, the next ones wait), never on the other partitions; no
+-- longer than lock_timeout (1 s for the table, 3 s for the partition: its lock makes no
+-- claim wait), or it is left to the next purge. Only detached: dropping frees the files, which takes the file system a time that
 -- grows with them (tens of ms a million records), and no claim waits for that. Security
 -- definer: the worker's role purges without owning the table.
 CREATE OR REPLACE FUNCTION payauth_dedup_drop_period(p_retention_hours float8)
@@ -64,8 +65,15 @@ BEGIN
             EXECUTE format('DELETE FROM limit_charges c USING %I p '
                            'WHERE c.dedup_period IS NULL AND c.txn_id = p.txn_id', victim);
         END IF;
+        -- The period first, in the mode a vacuum holds (claims take no lock it conflicts
+        -- with): a wait for an autovacuum of it (cancelled by PostgreSQL after
+        -- deadlock_timeout, 1 s by default) blocks no claim. Then the store ONLY: its
+        -- other partitions are not locked (today's, which autovacuum works through most
+        -- often, is being vacuumed while every claim goes on).
+        PERFORM set_config('lock_timeout', '3s', true);
+        EXECUTE format('LOCK TABLE %I IN SHARE UPDATE EXCLUSIVE MODE', victim);
         PERFORM set_config('lock_timeout', '1s', true);
-        LOCK TABLE processed_transactions IN ACCESS EXCLUSIVE MODE;
+        LOCK TABLE ONLY processed_transactions IN ACCESS EXCLUSIVE MODE;
         EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I WHERE processed_at >= $1)', victim)
            INTO kept USING cutoff;
         IF kept THEN  -- (set within the window meanwhile: the charges are kept too)

@@ -4,7 +4,8 @@ test's own database. A duplicate and a conflict whose record is in the period be
 through the broker; two replicas claiming one transaction_id at once on either side of
 the end, and a claim that straddles it (sql/payauth_claim_period.sql); the partitions made
 ahead, and a record made before them moved into its own; the purge dropping whole periods
-and deleting only what an administrator set back; the upgrade from the table of before."""
+and deleting only what an administrator set back, beside a vacuum of a period; the
+upgrade from the table of before."""
 
 from __future__ import annotations
 
@@ -327,6 +328,98 @@ def test_the_purge_drops_whole_periods_and_deletes_only_what_was_set_back(
         == sorted([placed[0][0], placed[-5][1], placed[-1][0]])
     assert not stack.fetch(env.dsn, "SELECT 1 FROM pg_class WHERE relname LIKE '%purged'")
     assert _purge(env.dsn) == 0
+
+
+# What a VACUUM (autovacuum's too) holds on the table it works through: SHARE UPDATE
+# EXCLUSIVE, which conflicts with a detach's ACCESS EXCLUSIVE but not with a claim's locks.
+_AS_A_VACUUM_DOES = "LOCK TABLE {} IN SHARE UPDATE EXCLUSIVE MODE"
+
+
+def test_a_period_past_the_window_is_dropped_while_another_period_is_vacuumed(
+        env: stack.Env) -> None:
+    """Today's partition, which takes every claim, is the one autovacuum works through most
+    often: the drop of day -5 locks the store itself and the period it detaches, never the
+    others, so it does not wait for (nor time out behind) a vacuum of today's period; and
+    claims go on meanwhile."""
+    _stop_the_clock(env.dsn)
+    _set_clock(env.dsn, _at(-5, 10, 0, 0))
+    asyncio.run(_prepare_here(env.dsn))
+    old = authorization(f"OLD-{uuid.uuid4().hex[:6]}", "NO-SUCH-ACCOUNT", "1.00")
+    _decide(env.dsn, [old])
+    stack.fetch(env.dsn, "UPDATE processed_transactions SET processed_at = $1 "
+                         "WHERE txn_id = $2", _at(-5, 10, 0, 0), old.transaction_id)
+    _set_clock(env.dsn, None)
+    asyncio.run(_prepare_here(env.dsn))
+
+    async def drop_beside_a_vacuum() -> tuple[list[Any], list[Any]]:
+        vacuum = await asyncpg.connect(env.dsn)
+        conn = await asyncpg.connect(env.dsn)
+        store = await PostgresStore.connect(env.dsn)
+        try:
+            async with vacuum.transaction():
+                await vacuum.execute(_AS_A_VACUUM_DOES.format(_part(_day(0))))
+                dropped = await conn.fetch("SELECT * FROM payauth_dedup_drop_period(72)")
+                decided = await stack.authorize_in_order(store, [authorization(
+                    f"NEW-{uuid.uuid4().hex[:6]}", "NO-SUCH-ACCOUNT", "1.00")])
+        finally:
+            await store.close()
+            await conn.close()
+            await vacuum.close()
+        return dropped, decided
+
+    dropped, decided = asyncio.run(drop_beside_a_vacuum())
+    assert [(r["part"], r["records"]) for r in dropped] == [(_part(_day(-5)), 1)]
+    assert len(decided) == 1
+
+
+def test_a_drop_waiting_for_a_vacuum_of_its_period_makes_no_claim_wait(
+        env: stack.Env) -> None:
+    """A vacuum of the period past the window (one of autovacuum's is cancelled by
+    PostgreSQL after deadlock_timeout; a manual one is waited for): the drop waits for it
+    holding nothing a claim needs, so a claim decided meanwhile is decided before the drop
+    goes on, and the drop goes on once the vacuum is over."""
+    _stop_the_clock(env.dsn)
+    _set_clock(env.dsn, _at(-5, 10, 0, 0))
+    asyncio.run(_prepare_here(env.dsn))
+    old = authorization(f"OLD-{uuid.uuid4().hex[:6]}", "NO-SUCH-ACCOUNT", "1.00")
+    _decide(env.dsn, [old])
+    stack.fetch(env.dsn, "UPDATE processed_transactions SET processed_at = $1 "
+                         "WHERE txn_id = $2", _at(-5, 10, 0, 0), old.transaction_id)
+    _set_clock(env.dsn, None)
+    asyncio.run(_prepare_here(env.dsn))
+
+    async def drop_behind_a_vacuum() -> tuple[list[Any], bool]:
+        vacuum = await asyncpg.connect(env.dsn)
+        conn = await asyncpg.connect(env.dsn)
+        store = await PostgresStore.connect(env.dsn)
+        try:
+            async with vacuum.transaction():
+                await vacuum.execute(_AS_A_VACUUM_DOES.format(_part(_day(-5))))
+                drop = asyncio.create_task(
+                    conn.fetch("SELECT * FROM payauth_dedup_drop_period(72)"))
+                await _wait_until_waiting(vacuum, "payauth_dedup_drop_period")
+                await stack.authorize_in_order(store, [authorization(
+                    f"NEW-{uuid.uuid4().hex[:6]}", "NO-SUCH-ACCOUNT", "1.00")])
+                claim_first = not drop.done()
+            return await drop, claim_first
+        finally:
+            await store.close()
+            await conn.close()
+            await vacuum.close()
+
+    dropped, claim_first = asyncio.run(drop_behind_a_vacuum())
+    assert claim_first
+    assert [(r["part"], r["records"]) for r in dropped] == [(_part(_day(-5)), 1)]
+
+
+async def _wait_until_waiting(conn: asyncpg.Connection, query: str) -> None:
+    """Until a session running ``query`` waits for a lock."""
+    for _ in range(200):
+        if await conn.fetchval("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type "
+                               "= 'Lock' AND query LIKE '%' || $1 || '%'", query):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"no session running {query} came to wait for a lock")
 
 
 async def _prepare_here(dsn: str) -> None:
