@@ -10,9 +10,9 @@
 -- made beside the table and attached (SHARE UPDATE EXCLUSIVE on the table: claims go on
 -- meanwhile), one maker at a time. A period's partition made once its claims may already go
 -- to the default partition (the period under way, or one with records there) is made under
--- ACCESS EXCLUSIVE on the table instead: no claim writes to the default partition while its
--- records move (one claimed meanwhile would fail the attach), and no lookup reads the store
--- half moved. Each lock is waited for no longer than lock_timeout (1 s): the attempt then
+-- ACCESS EXCLUSIVE on the table (never on the other periods' partitions) instead: no claim
+-- writes to the default partition while its records move (one claimed meanwhile would fail
+-- the attach), and no lookup reads the store half moved. Each lock is waited for no longer than lock_timeout (1 s): the attempt then
 -- fails whole (SQLSTATE 55P03), and the next one makes them.
 CREATE OR REPLACE FUNCTION payauth_dedup_prepare(p_ahead integer DEFAULT 2)
 RETURNS SETOF text
@@ -38,7 +38,9 @@ BEGIN
         IF k = 0 OR EXISTS (SELECT 1 FROM processed_transactions_default d
                              WHERE d.dedup_period >= start + k * length
                                AND d.dedup_period < start + (k + 1) * length) THEN
-            LOCK TABLE processed_transactions IN ACCESS EXCLUSIVE MODE;
+            -- (ONLY: the other periods' partitions are not locked; a vacuum of today's,
+            -- which autovacuum works through most often, goes on meanwhile.)
+            LOCK TABLE ONLY processed_transactions IN ACCESS EXCLUSIVE MODE;
         END IF;
         EXECUTE format('WITH moved AS (DELETE FROM processed_transactions_default '
                        '               WHERE dedup_period >= %L AND dedup_period < %L '

@@ -31,6 +31,11 @@ from tests.support.workers import wait_until
 TODAY = datetime.now(UTC).date()
 FENCE = 1885436260 << 32  # payauth_claim_period's locks: this, plus a period's epoch second
 
+# What a VACUUM (autovacuum's too) holds on the table it works through: SHARE UPDATE
+# EXCLUSIVE, which conflicts with a detach's or an attach's ACCESS EXCLUSIVE but not with a
+# claim's locks.
+_AS_A_VACUUM_DOES = "LOCK TABLE {} IN SHARE UPDATE EXCLUSIVE MODE"
+
 
 def _stop_the_clock(dsn: str) -> None:
     """The store's clock read from a table of this database (NULL: the server's)."""
@@ -251,6 +256,28 @@ def test_a_claim_into_the_default_partition_under_way_moves_with_the_rest(
         assert [r["part"] for r in _records(env.dsn, txn.transaction_id)] == [day5]
 
 
+def test_the_period_under_way_is_made_while_another_period_is_vacuumed(
+        env: stack.Env) -> None:
+    """Making the period under way locks the store itself (its records in the default
+    partition move meanwhile), never the other periods: a vacuum of today's partition
+    (what autovacuum holds, SHARE UPDATE EXCLUSIVE) does not make it time out."""
+    _stop_the_clock(env.dsn)
+    _set_clock(env.dsn, _at(5, 8, 0, 0))
+    x = authorization(f"AHEAD-{uuid.uuid4().hex[:6]}", "NO-SUCH-ACCOUNT", "5.00")
+    _decide(env.dsn, [x])
+
+    async def made_beside_a_vacuum() -> list[str]:
+        vacuum = await asyncpg.connect(env.dsn)
+        try:
+            async with vacuum.transaction():
+                await vacuum.execute(_AS_A_VACUUM_DOES.format(_part(_day(0))))
+                return await _made_by_a_worker(env.dsn)
+        finally:
+            await vacuum.close()
+
+    made = asyncio.run(made_beside_a_vacuum())
+    assert made[0] == _part(_day(5))
+    assert [r["part"] for r in _records(env.dsn, x.transaction_id)] == [_part(_day(5))]
 
 async def _made_by_a_worker(dsn: str) -> list[str]:
     """The partitions a worker's store makes now (``prepare_dedup_periods``)."""
@@ -328,11 +355,6 @@ def test_the_purge_drops_whole_periods_and_deletes_only_what_was_set_back(
         == sorted([placed[0][0], placed[-5][1], placed[-1][0]])
     assert not stack.fetch(env.dsn, "SELECT 1 FROM pg_class WHERE relname LIKE '%purged'")
     assert _purge(env.dsn) == 0
-
-
-# What a VACUUM (autovacuum's too) holds on the table it works through: SHARE UPDATE
-# EXCLUSIVE, which conflicts with a detach's ACCESS EXCLUSIVE but not with a claim's locks.
-_AS_A_VACUUM_DOES = "LOCK TABLE {} IN SHARE UPDATE EXCLUSIVE MODE"
 
 
 def test_a_period_past_the_window_is_dropped_while_another_period_is_vacuumed(
