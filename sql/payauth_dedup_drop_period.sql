@@ -13,12 +13,13 @@
 -- a period (migration 022) are found through the records they are kept under.
 --
 -- Never the period under way, the ones ahead or the default partition. Detaching a
--- partition takes ACCESS EXCLUSIVE on the table and on that partition for a moment (the
--- claims under way finish first, the next ones wait), never on the other partitions; no
--- longer than lock_timeout (1 s for the table, 3 s for the partition: its lock makes no
--- claim wait), or it is left to the next purge. Only detached: dropping frees the files, which takes the file system a time that
--- grows with them (tens of ms a million records), and no claim waits for that. Security
--- definer: the worker's role purges without owning the table.
+-- partition takes ACCESS EXCLUSIVE on the table, on that partition and on the default
+-- partition for a moment (the claims under way finish first, the next ones wait), never on
+-- the other periods' partitions; no longer than lock_timeout (1 s for the table, 3 s for
+-- the two partitions, locked first in a mode that makes no claim wait), or it is left to
+-- the next purge. Only detached: dropping frees the files, which takes the file system a
+-- time that grows with them (tens of ms a million records), and no claim waits for that.
+-- Security definer: the worker's role purges without owning the table.
 CREATE OR REPLACE FUNCTION payauth_dedup_drop_period(p_retention_hours float8)
 RETURNS TABLE (part text, records bigint)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
@@ -49,6 +50,16 @@ BEGIN
            AND b.upper <= cutoff
          ORDER BY b.upper
     LOOP
+        -- First the partitions the detach locks besides the store, the period and the
+        -- default partition, in the mode a vacuum holds (claims take no lock it conflicts
+        -- with), before anything else is locked: waiting for a vacuum of either (an
+        -- autovacuum is cancelled by PostgreSQL after deadlock_timeout, 1 s by default; a
+        -- manual or anti-wraparound one is not, and the period is left to the next purge)
+        -- makes no claim wait, neither for the store nor for a charge of that period.
+        PERFORM set_config('lock_timeout', '3s', true);
+        EXECUTE format('LOCK TABLE %I IN SHARE UPDATE EXCLUSIVE MODE', victim);
+        LOCK TABLE processed_transactions_default IN SHARE UPDATE EXCLUSIVE MODE;
+        PERFORM set_config('lock_timeout', '1s', true);
         EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I WHERE processed_at >= $1)', victim)
            INTO kept USING cutoff;
         CONTINUE WHEN kept;
@@ -65,14 +76,8 @@ BEGIN
             EXECUTE format('DELETE FROM limit_charges c USING %I p '
                            'WHERE c.dedup_period IS NULL AND c.txn_id = p.txn_id', victim);
         END IF;
-        -- The period first, in the mode a vacuum holds (claims take no lock it conflicts
-        -- with): a wait for an autovacuum of it (cancelled by PostgreSQL after
-        -- deadlock_timeout, 1 s by default) blocks no claim. Then the store ONLY: its
-        -- other partitions are not locked (today's, which autovacuum works through most
-        -- often, is being vacuumed while every claim goes on).
-        PERFORM set_config('lock_timeout', '3s', true);
-        EXECUTE format('LOCK TABLE %I IN SHARE UPDATE EXCLUSIVE MODE', victim);
-        PERFORM set_config('lock_timeout', '1s', true);
+        -- Then the store ONLY: the other periods' partitions are not locked (today's,
+        -- which autovacuum works through most often, is vacuumed while claims go on).
         LOCK TABLE ONLY processed_transactions IN ACCESS EXCLUSIVE MODE;
         EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I WHERE processed_at >= $1)', victim)
            INTO kept USING cutoff;

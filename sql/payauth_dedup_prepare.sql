@@ -12,8 +12,11 @@
 -- to the default partition (the period under way, or one with records there) is made under
 -- ACCESS EXCLUSIVE on the table (never on the other periods' partitions) instead: no claim
 -- writes to the default partition while its records move (one claimed meanwhile would fail
--- the attach), and no lookup reads the store half moved. Each lock is waited for no longer than lock_timeout (1 s): the attempt then
--- fails whole (SQLSTATE 55P03), and the next one makes them.
+-- the attach), and no lookup reads the store half moved. The attach locks the default
+-- partition too, so it is locked first, in the mode a vacuum holds (no claim waits for
+-- it). Each lock is waited for no longer than lock_timeout (1 s; 3 s for the default
+-- partition's first lock): the attempt then fails whole (SQLSTATE 55P03), and the next one
+-- makes them.
 CREATE OR REPLACE FUNCTION payauth_dedup_prepare(p_ahead integer DEFAULT 2)
 RETURNS SETOF text
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp SET lock_timeout = '1s'
@@ -33,6 +36,11 @@ BEGIN
         part := 'processed_transactions_'
                 || to_char((start + k * length) AT TIME ZONE 'UTC', 'yyyymmdd"_"hh24miss');
         CONTINUE WHEN to_regclass(part) IS NOT NULL;
+        -- (Before the table, as a purge's detach does: the same order, no deadlock; an
+        -- autovacuum of it is cancelled by PostgreSQL after deadlock_timeout.)
+        PERFORM set_config('lock_timeout', '3s', true);
+        LOCK TABLE processed_transactions_default IN SHARE UPDATE EXCLUSIVE MODE;
+        PERFORM set_config('lock_timeout', '1s', true);
         EXECUTE format('CREATE TABLE %I (LIKE processed_transactions '
                        'INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING STORAGE)', part);
         IF k = 0 OR EXISTS (SELECT 1 FROM processed_transactions_default d

@@ -136,8 +136,8 @@ async def purge(
     try:
         try:
             await prepare_periods(conn)
-        except asyncpg.LockNotAvailableError as error:  # made by the next one, or a worker
-            log.warning("dedup_periods_deferred", error=str(error))
+        except (asyncpg.LockNotAvailableError, asyncpg.DeadlockDetectedError) as error:
+            log.warning("dedup_periods_deferred", error=str(error))  # made by the next one
         times.files_freed_seconds += await _drop_purged(conn)
         dropped = await _drop_expired_periods(conn, retention_hours, times)
         total = dropped + await delete_expired(_DELETE_SET_BACK, "processed_transactions",

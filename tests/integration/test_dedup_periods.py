@@ -397,9 +397,11 @@ def test_a_period_past_the_window_is_dropped_while_another_period_is_vacuumed(
 def test_a_drop_waiting_for_a_vacuum_of_its_period_makes_no_claim_wait(
         env: stack.Env) -> None:
     """A vacuum of the period past the window (one of autovacuum's is cancelled by
-    PostgreSQL after deadlock_timeout; a manual one is waited for): the drop waits for it
-    holding nothing a claim needs, so a claim decided meanwhile is decided before the drop
-    goes on, and the drop goes on once the vacuum is over."""
+    PostgreSQL after deadlock_timeout; a manual or an anti-wraparound one is waited for):
+    the drop waits for it holding nothing a claim needs, neither the store nor the limits'
+    charges counted in that period (a reversal's give-back locks its original's), so a
+    claim decided and a charge locked meanwhile go on before the drop does, and the drop
+    goes on once the vacuum is over, with the charge."""
     _stop_the_clock(env.dsn)
     _set_clock(env.dsn, _at(-5, 10, 0, 0))
     asyncio.run(_prepare_here(env.dsn))
@@ -409,10 +411,15 @@ def test_a_drop_waiting_for_a_vacuum_of_its_period_makes_no_claim_wait(
                          "WHERE txn_id = $2", _at(-5, 10, 0, 0), old.transaction_id)
     _set_clock(env.dsn, None)
     asyncio.run(_prepare_here(env.dsn))
+    stack.fetch(env.dsn, "INSERT INTO limit_charges (txn_id, charged_by, limit_id, "
+                         "period_start, amount, count, dedup_period) "
+                         "VALUES ($1, $1, 'L', current_date, 1, 1, $2)",
+                old.transaction_id, _day(-5))
 
     async def drop_behind_a_vacuum() -> tuple[list[Any], bool]:
         vacuum = await asyncpg.connect(env.dsn)
         conn = await asyncpg.connect(env.dsn)
+        give_back = await asyncpg.connect(env.dsn)
         store = await PostgresStore.connect(env.dsn)
         try:
             async with vacuum.transaction():
@@ -422,16 +429,24 @@ def test_a_drop_waiting_for_a_vacuum_of_its_period_makes_no_claim_wait(
                 await _wait_until_waiting(vacuum, "payauth_dedup_drop_period")
                 await stack.authorize_in_order(store, [authorization(
                     f"NEW-{uuid.uuid4().hex[:6]}", "NO-SUCH-ACCOUNT", "1.00")])
+                async with give_back.transaction():
+                    await give_back.execute("SET LOCAL lock_timeout = '500ms'")
+                    assert await give_back.fetch(
+                        "SELECT 1 FROM limit_charges WHERE txn_id = $1 FOR UPDATE",
+                        old.transaction_id)
                 claim_first = not drop.done()
             return await drop, claim_first
         finally:
             await store.close()
+            await give_back.close()
             await conn.close()
             await vacuum.close()
 
     dropped, claim_first = asyncio.run(drop_behind_a_vacuum())
     assert claim_first
     assert [(r["part"], r["records"]) for r in dropped] == [(_part(_day(-5)), 1)]
+    assert not stack.fetch(env.dsn, "SELECT 1 FROM limit_charges WHERE txn_id = $1",
+                           old.transaction_id)
 
 
 async def _wait_until_waiting(conn: asyncpg.Connection, query: str) -> None:
