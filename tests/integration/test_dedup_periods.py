@@ -279,6 +279,7 @@ def test_the_period_under_way_is_made_while_another_period_is_vacuumed(
     assert made[0] == _part(_day(5))
     assert [r["part"] for r in _records(env.dsn, x.transaction_id)] == [_part(_day(5))]
 
+
 async def _made_by_a_worker(dsn: str) -> list[str]:
     """The partitions a worker's store makes now (``prepare_dedup_periods``)."""
     store = await PostgresStore.connect(dsn)
@@ -357,21 +358,28 @@ def test_the_purge_drops_whole_periods_and_deletes_only_what_was_set_back(
     assert _purge(env.dsn) == 0
 
 
+def _decided_five_days_ago(dsn: str) -> Authorization:
+    """A transaction decided on day -5 (its record in that day's partition, its time within
+    it), the store's clock then back to the server's and today's periods made."""
+    _stop_the_clock(dsn)
+    _set_clock(dsn, _at(-5, 10, 0, 0))
+    asyncio.run(_prepare_here(dsn))
+    old = authorization(f"OLD-{uuid.uuid4().hex[:6]}", "NO-SUCH-ACCOUNT", "1.00")
+    _decide(dsn, [old])
+    stack.fetch(dsn, "UPDATE processed_transactions SET processed_at = $1 WHERE txn_id = $2",
+                _at(-5, 10, 0, 0), old.transaction_id)
+    _set_clock(dsn, None)
+    asyncio.run(_prepare_here(dsn))
+    return old
+
+
 def test_a_period_past_the_window_is_dropped_while_another_period_is_vacuumed(
         env: stack.Env) -> None:
     """Today's partition, which takes every claim, is the one autovacuum works through most
     often: the drop of day -5 locks the store itself and the period it detaches, never the
     others, so it does not wait for (nor time out behind) a vacuum of today's period; and
     claims go on meanwhile."""
-    _stop_the_clock(env.dsn)
-    _set_clock(env.dsn, _at(-5, 10, 0, 0))
-    asyncio.run(_prepare_here(env.dsn))
-    old = authorization(f"OLD-{uuid.uuid4().hex[:6]}", "NO-SUCH-ACCOUNT", "1.00")
-    _decide(env.dsn, [old])
-    stack.fetch(env.dsn, "UPDATE processed_transactions SET processed_at = $1 "
-                         "WHERE txn_id = $2", _at(-5, 10, 0, 0), old.transaction_id)
-    _set_clock(env.dsn, None)
-    asyncio.run(_prepare_here(env.dsn))
+    _decided_five_days_ago(env.dsn)
 
     async def drop_beside_a_vacuum() -> tuple[list[Any], list[Any]]:
         vacuum = await asyncpg.connect(env.dsn)
@@ -402,15 +410,7 @@ def test_a_drop_waiting_for_a_vacuum_of_its_period_makes_no_claim_wait(
     charges counted in that period (a reversal's give-back locks its original's), so a
     claim decided and a charge locked meanwhile go on before the drop does, and the drop
     goes on once the vacuum is over, with the charge."""
-    _stop_the_clock(env.dsn)
-    _set_clock(env.dsn, _at(-5, 10, 0, 0))
-    asyncio.run(_prepare_here(env.dsn))
-    old = authorization(f"OLD-{uuid.uuid4().hex[:6]}", "NO-SUCH-ACCOUNT", "1.00")
-    _decide(env.dsn, [old])
-    stack.fetch(env.dsn, "UPDATE processed_transactions SET processed_at = $1 "
-                         "WHERE txn_id = $2", _at(-5, 10, 0, 0), old.transaction_id)
-    _set_clock(env.dsn, None)
-    asyncio.run(_prepare_here(env.dsn))
+    old = _decided_five_days_ago(env.dsn)
     stack.fetch(env.dsn, "INSERT INTO limit_charges (txn_id, charged_by, limit_id, "
                          "period_start, amount, count, dedup_period) "
                          "VALUES ($1, $1, 'L', current_date, 1, 1, $2)",
@@ -426,7 +426,7 @@ def test_a_drop_waiting_for_a_vacuum_of_its_period_makes_no_claim_wait(
                 await vacuum.execute(_AS_A_VACUUM_DOES.format(_part(_day(-5))))
                 drop = asyncio.create_task(
                     conn.fetch("SELECT * FROM payauth_dedup_drop_period(72)"))
-                await _wait_until_waiting(vacuum, "payauth_dedup_drop_period")
+                await stack.until_a_lock_is_awaited(env.dsn)  # the drop, behind the vacuum
                 await stack.authorize_in_order(store, [authorization(
                     f"NEW-{uuid.uuid4().hex[:6]}", "NO-SUCH-ACCOUNT", "1.00")])
                 async with give_back.transaction():
@@ -447,16 +447,6 @@ def test_a_drop_waiting_for_a_vacuum_of_its_period_makes_no_claim_wait(
     assert [(r["part"], r["records"]) for r in dropped] == [(_part(_day(-5)), 1)]
     assert not stack.fetch(env.dsn, "SELECT 1 FROM limit_charges WHERE txn_id = $1",
                            old.transaction_id)
-
-
-async def _wait_until_waiting(conn: asyncpg.Connection, query: str) -> None:
-    """Until a session running ``query`` waits for a lock."""
-    for _ in range(200):
-        if await conn.fetchval("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type "
-                               "= 'Lock' AND query LIKE '%' || $1 || '%'", query):
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"no session running {query} came to wait for a lock")
 
 
 async def _prepare_here(dsn: str) -> None:
