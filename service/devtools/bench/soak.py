@@ -15,7 +15,8 @@ store's size over the last five minutes against the five once it could first be 
 window, two periods and a purge interval after the start: within 1.2 times, "flat"); how many
 periods the purge dropped; and verify's verdict. JSON to ``SOAK_OUT`` (.soak/results.json).
 Topics keep ten minutes of messages, and the worker's log (INFO, as in production) is read
-for failed purges and removed: a soak of hours does not fill the disk.
+for failed purges and deferred periods (reported, not held against it) and removed: a soak
+of hours does not fill the disk.
 """
 
 from __future__ import annotations
