@@ -251,10 +251,15 @@ pg_monitor_settings() { # the GUCs above on the monitor (ALTER SYSTEM: they surv
 
 pg_keeper_settings() { # pg_keeper_settings NODE: the keeper's own timeout, the server's
   # settings above (ALTER SYSTEM: they survive restarts and rewinds), then a reload
-  local data="$PG_HA_DIR/node$1" setting
-  autoctl config set --pgdata "$data" timeout.network_partition_timeout \
-    "$PG_KEEPER_NETWORK_PARTITION_TIMEOUT" >/dev/null \
-    || die "postgres: could not set node $1's network_partition_timeout"
+  local data="$PG_HA_DIR/node$1" setting attempt
+  # `config set` signals the keeper its pid file names; beside a keeper just started it
+  # was seen to hang up on itself now and then ("Hangup"): tried again.
+  for attempt in 1 2 3 4 5; do
+    autoctl config set --pgdata "$data" timeout.network_partition_timeout \
+      "$PG_KEEPER_NETWORK_PARTITION_TIMEOUT" >/dev/null 2>&1 && break
+    [ "$attempt" -lt 5 ] || die "postgres: could not set node $1's network_partition_timeout"
+    sleep 1
+  done
   for setting in "${PG_NODE_SETTINGS[@]}"; do
     node_psql "$1" -q -c "ALTER SYSTEM SET ${setting%%=*} = '${setting#*=}'" \
       -c "SELECT pg_reload_conf()" >/dev/null || die "postgres: could not set ${setting%%=*} on node $1"
