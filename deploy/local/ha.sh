@@ -42,7 +42,14 @@ if [ "$(id -u)" = 0 ]; then
 else
   PG_HA_DIR=${PG_HA_DIR:-$HA_DIR/postgres}
 fi
-MONITOR_URI="postgres://autoctl_node@$(node_addr pgm):$PG_MONITOR_PORT/pg_auto_failover?sslmode=disable"
+# The keepers' connection to the monitor gives up within about 5 s of a silent network
+# (nothing sent acknowledged, no keepalive answered): a primary cut off while its keeper
+# waited on the monitor was seen to sit blocked for the whole cut (40 s), its server taking
+# the workers' batches all along; once the call fails, the keeper's
+# network_partition_timeout stops its server (docs/high-availability.md, "Partitions").
+MONITOR_URI="postgres://autoctl_node@$(node_addr pgm):$PG_MONITOR_PORT/pg_auto_failover"
+MONITOR_URI+="?sslmode=disable&tcp_user_timeout=5000"
+MONITOR_URI+="&keepalives_idle=2&keepalives_interval=1&keepalives_count=3"
 
 step() { printf '[ha] %s\n' "$*"; }
 die() { printf '[ha] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -214,18 +221,21 @@ pg_number_sync_standbys() {
 # node_considered_unhealthy_timeout: a check each second, a failed one retried twice 500 ms
 # apart (a connection that takes 2 s is a failure), and 2 s of silence, instead of 5 s, 2 s
 # and 20 s. The new primary then takes writes once the old one is demoted or
-# primary_demote_timeout has passed: pg_auto_failover's 30 s, stated, not shortened. It
-# must outlast the keepers' network_partition_timeout (3 s, see pg_keeper_settings), after
-# which a primary that can reach neither the monitor nor its standbys stops taking writes
-# by itself. It did not protect a switchover with one standby from pg_auto_failover 2.0's
-# race (#774), whatever its length; the third node above does (docs/failover.md).
+# primary_demote_timeout has passed: 10 s instead of 30, what a primary that never reports
+# again (a host dead for good, a partition) costs. It outlasts the keepers'
+# network_partition_timeout (3 s, see pg_keeper_settings), after which a primary that can
+# reach neither the monitor nor its standbys stops taking writes by itself, and a one-way
+# cut's 8 s (tcp_user_timeout below, then those 3 s). A primary slower than that to stop
+# still acknowledges nothing: no standby receives from it (docs/failover.md). It did not
+# protect a switchover with one standby from pg_auto_failover 2.0's race (#774), whatever
+# its length; the third node above does.
 PG_MONITOR_SETTINGS=(
   "pgautofailover.health_check_period=1000"
   "pgautofailover.health_check_timeout=2000"
   "pgautofailover.health_check_max_retries=2"
   "pgautofailover.health_check_retry_delay=500"
   "pgautofailover.node_considered_unhealthy_timeout=2000"
-  "pgautofailover.primary_demote_timeout=30000"
+  "pgautofailover.primary_demote_timeout=10000"
 )
 PG_KEEPER_NETWORK_PARTITION_TIMEOUT=3
 # A primary cut off one way (what it sends is lost, what it receives arrives) still has its
@@ -249,17 +259,27 @@ pg_monitor_settings() { # the GUCs above on the monitor (ALTER SYSTEM: they surv
     || die "postgres: the monitor did not reload"
 }
 
-pg_keeper_settings() { # pg_keeper_settings NODE: the keeper's own timeout, the server's
-  # settings above (ALTER SYSTEM: they survive restarts and rewinds), then a reload
-  local data="$PG_HA_DIR/node$1" setting attempt
-  # `config set` signals the keeper its pid file names; beside a keeper just started it
-  # was seen to hang up on itself now and then ("Hangup"): tried again.
+keeper_config_set() { # keeper_config_set PGDATA KEY VALUE: set, and read back
+  # `config set` writes the value, then signals the keeper its pid file names to reload;
+  # that signal was seen to hang the command up on itself ("Hangup") once the value was
+  # written: the value read back decides, tried up to five times.
+  local attempt
   for attempt in 1 2 3 4 5; do
-    autoctl config set --pgdata "$data" timeout.network_partition_timeout \
-      "$PG_KEEPER_NETWORK_PARTITION_TIMEOUT" >/dev/null 2>&1 && break
-    [ "$attempt" -lt 5 ] || die "postgres: could not set node $1's network_partition_timeout"
-    sleep 1
+    [ "$(autoctl config get --pgdata "$1" "$2" 2>/dev/null)" = "$3" ] && return 0
+    autoctl config set --pgdata "$1" "$2" "$3" >/dev/null 2>&1 || sleep 1
   done
+  [ "$(autoctl config get --pgdata "$1" "$2" 2>/dev/null)" = "$3" ]
+}
+
+pg_keeper_settings() { # pg_keeper_settings NODE: the keeper's own timeout and the monitor's
+  # URI (a node made before the URI named its timeouts is given it), the server's settings
+  # above (ALTER SYSTEM: they survive restarts and rewinds), then a reload
+  local data="$PG_HA_DIR/node$1" setting
+  keeper_config_set "$data" timeout.network_partition_timeout \
+    "$PG_KEEPER_NETWORK_PARTITION_TIMEOUT" \
+    || die "postgres: could not set node $1's network_partition_timeout"
+  keeper_config_set "$data" pg_autoctl.monitor "$MONITOR_URI" \
+    || die "postgres: could not give node $1 the monitor's URI"
   for setting in "${PG_NODE_SETTINGS[@]}"; do
     node_psql "$1" -q -c "ALTER SYSTEM SET ${setting%%=*} = '${setting#*=}'" \
       -c "SELECT pg_reload_conf()" >/dev/null || die "postgres: could not set ${setting%%=*} on node $1"
