@@ -4,8 +4,9 @@ test's own database. A duplicate and a conflict whose record is in the period be
 through the broker; two replicas claiming one transaction_id at once on either side of
 the end, and a claim that straddles it (sql/payauth_claim_period.sql); the partitions made
 ahead, and a record made before them moved into its own; the purge dropping whole periods
-and deleting only what an administrator set back, beside a vacuum of a period; the
-upgrade from the table of before."""
+and deleting only what an administrator set back, beside a vacuum of a period, and giving
+up a period whose record is set within the window meanwhile; the upgrade from the table of
+before."""
 
 from __future__ import annotations
 
@@ -447,6 +448,40 @@ def test_a_drop_waiting_for_a_vacuum_of_its_period_makes_no_claim_wait(
     assert [(r["part"], r["records"]) for r in dropped] == [(_part(_day(-5)), 1)]
     assert not stack.fetch(env.dsn, "SELECT 1 FROM limit_charges WHERE txn_id = $1",
                            old.transaction_id)
+
+
+def test_a_record_set_within_the_window_while_its_period_is_dropped_keeps_it(
+        env: stack.Env) -> None:
+    """The drop reads whether its period holds a record within the window before it locks
+    the store: an administrator who sets such a record's processed_at within the window
+    meanwhile (committed while the drop waits for the store) makes the drop read again
+    under the lock and give up whole: the period, the record and its charge all kept."""
+    old = _decided_five_days_ago(env.dsn)
+    stack.fetch(env.dsn, "INSERT INTO limit_charges (txn_id, charged_by, limit_id, "
+                         "period_start, amount, count, dedup_period) "
+                         "VALUES ($1, $1, 'L', current_date, 1, 1, $2)",
+                old.transaction_id, _day(-5))
+
+    async def drop_while_set_within_the_window() -> None:
+        admin = await asyncpg.connect(env.dsn)
+        conn = await asyncpg.connect(env.dsn)
+        try:
+            async with admin.transaction():
+                await admin.execute("UPDATE processed_transactions SET processed_at = now() "
+                                    "WHERE txn_id = $1", old.transaction_id)
+                drop = asyncio.create_task(
+                    conn.fetch("SELECT * FROM payauth_dedup_drop_period(72)"))
+                await stack.until_a_lock_is_awaited(env.dsn)  # the drop, for the store
+            with pytest.raises(asyncpg.SerializationError, match="within the window"):
+                await drop
+        finally:
+            await conn.close()
+            await admin.close()
+
+    asyncio.run(drop_while_set_within_the_window())
+    assert [r["part"] for r in _records(env.dsn, old.transaction_id)] == [_part(_day(-5))]
+    assert stack.fetch(env.dsn, "SELECT 1 FROM limit_charges WHERE txn_id = $1",
+                       old.transaction_id)
 
 
 async def _prepare_here(dsn: str) -> None:
