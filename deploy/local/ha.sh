@@ -316,9 +316,9 @@ pg_node_start() { # pg_node_start NODE (1-3): its keeper started, creating the n
   fi
   step "postgres: starting node $1 on $addr:$port"
   if [ -f "$data/PG_VERSION" ]; then
-    # The timeout is set once the keeper runs (pg_node_up): `pg_autoctl config set` signals
-    # the keeper named in its pid file, and a stale one left by a killed keeper may name
-    # another process (seen: the command hung up on itself).
+    # Its settings are set once the keeper runs (pg_node_up): `pg_autoctl config set`
+    # signals the keeper named in its pid file, and a stale one left by a killed keeper may
+    # name another process (keeper_config_set reads back what it wrote).
     # shellcheck disable=SC2046  # the namespace's prefix: words
     background "$HA_DIR/pg-node$1.log" $(node_exec "pg$1") "${PG_AS[@]}" \
       env PATH="$(pg_bindir):$PATH" pg_autoctl run --pgdata "$data"
