@@ -338,11 +338,13 @@ pg_node_up() { # pg_node_up NODE (1-3): started (pg_node_start), then settled
   # comes back after a failover rejoins as a secondary (pg_rewind or a new base backup).
   wait_for "node $1" 180 pg_node_settled "$1" \
     || die "postgres: node $1 did not settle, see $HA_DIR/pg-node$1.log"
+  # The host's own connections come from the stack's network: trusted first (a node just
+  # created trusts only its nodes' addresses, and would refuse the wait below).
+  pg_trust_the_stack "$PG_HA_DIR/node$1"
   # (The monitor's view can be older than the server: a stack started again finds each node
   # as it left it, while its keeper is still starting its server.)
   wait_for "node $1's server" 60 node_psql "$1" -q -c "SELECT 1" \
     || die "postgres: node $1 does not accept connections, see $HA_DIR/pg-node$1.log"
-  pg_trust_the_stack "$PG_HA_DIR/node$1"
   pg_keeper_settings "$1"  # once it runs (a node just created has its configuration only now)
 }
 

@@ -126,6 +126,21 @@ def test_a_primary_cut_off_one_way_drops_its_standbys_within_seconds() -> None:
     assert "ALTER SYSTEM SET ${setting%%=*}" in HA_SH  # each node gets them
 
 
+def _shell_function(name: str) -> str:
+    found = re.search(rf"^{name}\(\) {{(.*?)^}}$", HA_SH, re.M | re.S)
+    assert found, f"{name} is not a function in ha.sh"
+    return found.group(1)
+
+
+def test_a_node_trusts_the_hosts_connections_before_they_are_awaited() -> None:
+    """A node just created trusts only its nodes' own addresses; in network namespaces the
+    host's psql comes from the bridge's, so waiting for it to accept connections before
+    the stack's network is trusted waits for ever (seen on a fresh machine)."""
+    body = _shell_function("pg_node_up")
+    assert "pg_trust_the_stack" in body and "node_psql" in body
+    assert body.index("pg_trust_the_stack") < body.index("node_psql")
+
+
 def test_postgres_keeps_every_acknowledged_commit_on_two_nodes() -> None:
     """Three data nodes, a commit acknowledged once one of the two standbys has it: with a
     single standby pg_auto_failover 2.0 takes writes on the primary alone in a switchover
