@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: help venv stack-up stack-down stack-status test-tools migrate run demo test test-unit \
         test-deploy test-integration test-e2e check lint types bench soak chaos lock clean \
-        ha-up ha-down ha-status ha-chaos ha-smoke image test-containers \
+        ha-up ha-down ha-wipe ha-status ha-chaos ha-smoke image test-containers \
         secure-up secure-down secure-status secure-smoke k8s-api k8s-api-down
 
 help: ## list the targets
@@ -47,6 +47,9 @@ ha-up: venv ## the replicated stack: 3 Kafka nodes, pg_auto_failover, Redis Sent
 
 ha-down: ## stop what ha-up started
 	@deploy/local/ha.sh down
+
+ha-wipe: ## ha-down, and every node's data deleted: the next ha-up starts as on a new machine
+	@deploy/local/ha.sh wipe
 
 ha-chaos: ha-up ## the chaos run on the replicated stack: failovers of each engine (CHAOS_SECONDS, HA_CHAOS_KINDS)
 	@$(PY) -m service.devtools.chaos.ha

@@ -2,7 +2,7 @@
 # The local replicated stack, no Docker: each service a real process, as root each node in a
 # network namespace of its own (ha_net.sh: addresses $HA_NET.x on a bridge; otherwise all on
 # the loopback).
-#   deploy/local/ha.sh up | down | status
+#   deploy/local/ha.sh up | down | wipe | status
 #
 #   Kafka       three combined KRaft nodes (ports 19092-19094, controllers 19192-19194,
 #               a second listener for proxied clients on 19292-19294 advertising the
@@ -486,14 +486,25 @@ ha_layout_check() { # data made for another network (a node's address is in it) 
      && { [ -e "$PG_HA_DIR/monitor" ] || compgen -G "$HA_DIR/kafka-[123]" >/dev/null; }; then
     step "the nodes' data was made for another network ($had): made anew for $want"
     kafka_ha_down; redis_ha_down; pg_ha_down
-    rm -rf "$HA_DIR"/kafka-[123] "$HA_DIR/kafka-cluster-id"
-    local n
-    for n in monitor node1 node2 node3; do
-      pg_forget_keeper "$PG_HA_DIR/$n"; rm -rf "${PG_HA_DIR:?}/$n"
-    done
-    rm -rf "${PG_HA_DIR:?}/backup"
+    ha_data_remove
   fi
   echo "$want" >"$file"
+}
+
+ha_data_remove() { # every node's data (and the keepers' files outside it): made anew by `up`
+  rm -rf "$HA_DIR"/kafka-[123] "$HA_DIR/kafka-cluster-id"
+  local n
+  for n in monitor node1 node2 node3; do
+    pg_forget_keeper "$PG_HA_DIR/$n"; rm -rf "${PG_HA_DIR:?}/$n"
+  done
+  rm -rf "${PG_HA_DIR:?}/backup"
+}
+
+ha_wipe() { # stopped, then nothing left of it: the next `up` starts as on a new machine
+  kafka_ha_down; redis_ha_down; pg_ha_down; net_down
+  ha_data_remove
+  rm -rf "${HA_DIR:?}/redis" "$HA_DIR/layout" "$HA_DIR/nodes" "$STACK_DIR/ha.env"
+  step "ha stack is down, its data deleted: the next ha-up makes every node anew"
 }
 
 ha_up() {
@@ -547,10 +558,11 @@ mkdir -p "$HA_DIR"
 case "${1:-}" in
   up) ha_up ;;
   down) kafka_ha_down; redis_ha_down; pg_ha_down; net_down; step "ha stack is down" ;;
+  wipe) ha_wipe ;;
   status) ha_status ;;
   # One node (re)started, for the HA chaos run after it killed that node:
   kafka-node-up) kafka_fetch; kafka_node_up "$2"; kafka_node_wait "$2" ;;
   pg-node-up) pg_node_up "$2" ;;
   redis-node-up) redis_node_up "$2" ;;
-  *) echo "usage: $0 up|down|status|kafka-node-up N|pg-node-up N|redis-node-up PORT" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|wipe|status|kafka-node-up N|pg-node-up N|redis-node-up PORT" >&2; exit 2 ;;
 esac

@@ -141,6 +141,19 @@ def test_a_node_trusts_the_hosts_connections_before_they_are_awaited() -> None:
     assert body.index("pg_trust_the_stack") < body.index("node_psql")
 
 
+def test_a_wiped_stack_is_made_anew_as_on_a_new_machine() -> None:
+    """`make ha-wipe` deletes what a change of network makes anew (every node's data and
+    the keepers' files outside it: one function for both), and the layout, so that the
+    next `up` starts from nothing, as CI's does."""
+    assert "ha_data_remove" in _shell_function("ha_layout_check")
+    wipe = _shell_function("ha_wipe")
+    assert "ha_data_remove" in wipe and '"$HA_DIR/layout"' in wipe
+    assert "pg_forget_keeper" in _shell_function("ha_data_remove")
+    assert re.search(r"^  wipe\) ha_wipe ;;$", HA_SH, re.M)
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^ha-wipe:.*\n\t@deploy/local/ha\.sh wipe$", makefile, re.M)
+
+
 def test_postgres_keeps_every_acknowledged_commit_on_two_nodes() -> None:
     """Three data nodes, a commit acknowledged once one of the two standbys has it: with a
     single standby pg_auto_failover 2.0 takes writes on the primary alone in a switchover
