@@ -500,8 +500,12 @@ ha_data_remove() { # every node's data (and the keepers' files outside it): made
   rm -rf "${PG_HA_DIR:?}/backup"
 }
 
-ha_wipe() { # stopped, then nothing left of it: the next `up` starts as on a new machine
+ha_down() { # every node stopped, then the namespaces removed
   kafka_ha_down; redis_ha_down; pg_ha_down; net_down
+}
+
+ha_wipe() { # stopped, then nothing left of it: the next `up` starts as on a new machine
+  ha_down
   ha_data_remove
   rm -rf "${HA_DIR:?}/redis" "$HA_DIR/layout" "$HA_DIR/nodes" "$STACK_DIR/ha.env"
   step "ha stack is down, its data deleted: the next ha-up makes every node anew"
@@ -557,7 +561,7 @@ PY
 mkdir -p "$HA_DIR"
 case "${1:-}" in
   up) ha_up ;;
-  down) kafka_ha_down; redis_ha_down; pg_ha_down; net_down; step "ha stack is down" ;;
+  down) ha_down; step "ha stack is down" ;;
   wipe) ha_wipe ;;
   status) ha_status ;;
   # One node (re)started, for the HA chaos run after it killed that node:
