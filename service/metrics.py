@@ -175,8 +175,8 @@ events_published_total = Counter(
 retries_total = Counter(
     "payauth_retries_total",
     "Batches retried after a transient failure, by cause.",
-    # store_unavailable, claim_lost, statement_timeout, transient, publish_failed,
-    # unexpected, isolate
+    # store_unavailable, claim_lost (a batch's claims another replica won, looked up again;
+    # the rest decided), statement_timeout, transient, publish_failed, unexpected, isolate
     ["cause"],
     registry=REGISTRY,
 )

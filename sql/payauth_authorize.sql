@@ -12,7 +12,7 @@
 --
 -- 0. Take the claim's fence and its period (payauth_claim_period), before any row lock;
 --    a transaction_id of the batch that a claim of the period before committed since the
---    worker's lookup is found there: the claim is lost (PA409), nothing is written.
+--    worker's lookup is found there: its claim is lost (answered so, nothing of it written).
 -- 1. Lock the batch's accounts, in account_id order (every writer locks in this order, so
 --    two batches never deadlock). From here on nothing of these accounts changes under the
 --    batch, and whatever another batch wrote of them is committed and seen: an orphan
@@ -41,9 +41,14 @@
 --    transaction_id under the primary key of processed_transactions (txn_id, the period),
 --    writes the ledger, the holds and the dedup records with the inputs each decision read,
 --    and moves the balances. A key of these tables that another replica wrote first is
---    violated: SQLSTATE PA409, the whole statement rolled back.
+--    violated: the route's writes are undone, the keys of the batch decided meanwhile are
+--    answered lost, and the rest decided again, from step 2, the accounts still locked
+--    (one lost claim costs its own message, not the batch). A key violated that no
+--    decision holds: SQLSTATE PA409, the whole statement rolled back.
 --
--- One row per message, in the batch's order: its result and decline reason; amount_applied
+-- First a row for each claim lost (claim_lost: its transaction_id, every other column
+-- NULL; nothing of it written here: the worker looks it up again). Then one row per
+-- message decided, in the batch's order: its result and decline reason; amount_applied
 -- (what a REVERSAL released or credited, what a CLEARING released, what an AUTHORIZATION
 -- or ADVICE placed, what an INCREMENTAL added); forced (a CLEARING with no hold to end);
 -- orphan (a REVERSAL kept until its original comes); mismatch (why the message names an
@@ -87,7 +92,7 @@ CREATE OR REPLACE FUNCTION payauth_authorize(
                  approved text, partial boolean, ledger_balance text,
                  available_balance text, account_currency text, already_cleared text,
                  applied_ids text[], applied_amounts text[], applied_correlations text[],
-                 card_status text, limit_id text)
+                 card_status text, limit_id text, claim_lost text)
 LANGUAGE plpgsql
 AS $$
 #variable_conflict use_column
@@ -96,27 +101,65 @@ DECLARE
     route        text;
     claim_period timestamptz;
     violated     text;  -- the table whose key a route's INSERT violated
+    failure      text;  -- its SQLSTATE
+    lost         text[];     -- keys of the batch another transaction decided first
+    kept         integer[];  -- the positions of the messages left to decide
 BEGIN
     IF n = 0 THEN
         RETURN;
     END IF;
 
     claim_period := payauth_claim_period();
-    IF EXISTS (SELECT 1 FROM processed_transactions p
-                WHERE p.dedup_period >= payauth_dedup_period(claim_period
-                                                             - interval '1 microsecond')
-                  AND p.dedup_period < claim_period
-                  AND p.txn_id = ANY(p_txn_ids)) THEN
-        RAISE EXCEPTION 'a claim of the period before % decided one of the batch first',
-                        claim_period
-              USING ERRCODE = 'PA409';
-    END IF;
+    lost := ARRAY(SELECT p.txn_id FROM processed_transactions p
+                   WHERE p.dedup_period >= payauth_dedup_period(claim_period
+                                                                - interval '1 microsecond')
+                     AND p.dedup_period < claim_period
+                     AND p.txn_id = ANY(p_txn_ids));
 
     PERFORM 1 FROM accounts WHERE account_id = ANY(p_account_ids)
      ORDER BY account_id FOR UPDATE;
 
+    <<decide>>
+    LOOP
+    -- Claims lost (to a claim of the period before, found above; to a key a route violated,
+    -- below): a row for each, and the rest of the batch without them.
+    IF cardinality(lost) > 0 THEN
+        RETURN QUERY SELECT NULL::text, NULL::text, NULL::text, NULL::boolean, NULL::boolean,
+                            NULL::text, NULL::text, NULL::text, NULL::text, NULL::boolean,
+                            NULL::text, NULL::text, NULL::text, NULL::text, NULL::text[],
+                            NULL::text[], NULL::text[], NULL::text, NULL::text, t.txn
+                       FROM unnest(lost) AS t(txn);
+        kept := ARRAY(SELECT t.i FROM unnest(p_txn_ids) WITH ORDINALITY AS t(txn, i)
+                       WHERE t.txn <> ALL(lost) ORDER BY t.i);
+        IF cardinality(kept) = 0 THEN
+            RETURN;
+        END IF;
+        p_txn_ids := payauth_elements(p_txn_ids, kept);
+        p_account_ids := payauth_elements(p_account_ids, kept);
+        p_amounts := payauth_elements(p_amounts, kept);
+        p_currencies := payauth_elements(p_currencies, kept);
+        p_auth_types := payauth_elements(p_auth_types, kept);
+        p_fingerprints := payauth_elements(p_fingerprints, kept);
+        p_correlation_ids := payauth_elements(p_correlation_ids, kept);
+        p_message_ids := payauth_elements(p_message_ids, kept);
+        p_partitions := payauth_elements(p_partitions, kept);
+        p_offsets := payauth_elements(p_offsets, kept);
+        p_originals := payauth_elements(p_originals, kept);
+        p_billing_amounts := payauth_elements(p_billing_amounts, kept);
+        p_billing_currencies := payauth_elements(p_billing_currencies, kept);
+        p_partial_ok := payauth_elements(p_partial_ok, kept);
+        p_final := payauth_elements(p_final, kept);
+        p_card_ids := payauth_elements(p_card_ids, kept);
+        p_categories := payauth_elements(p_categories, kept);
+        p_countries := payauth_elements(p_countries, kept);
+        p_times := payauth_elements(p_times, kept);
+        lost := '{}';
+        route := NULL;
+    END IF;
+
     -- (The purchases route is chosen in the fewest steps: it is the common batch's, and
     -- each statement here is planned at every call.)
+    IF route IS NULL THEN  -- (and again for the messages left after claims lost, below)
     IF p_auth_types <@ '{PURCHASE,REFUND,VERIFICATION,BALANCE_INQUIRY}'::text[] THEN
         route := CASE WHEN EXISTS (SELECT 1 FROM orphan_reversals r
                                     WHERE r.state = 'WAITING'
@@ -176,20 +219,19 @@ BEGIN
         ELSE 'lifecycle'
     END;
     END IF;
+    END IF;
 
     -- (The routes write without ON CONFLICT, whose speculative insertion per row cost a
     -- sixth of a purchase: a key another transaction claimed or wrote first is violated
-    -- instead, and that is the claim lost, here for every route. Any other key violated is
+    -- instead, and that is a claim lost, here for every route. Any other key violated is
     -- a fault, raised as it is.)
-    <<decide>>
-    LOOP
     BEGIN
     IF route = 'purchases' THEN
         RETURN QUERY SELECT p.result, p.decline_reason, NULL::text, NULL::boolean,
                             NULL::boolean, NULL::text, NULL::text, NULL::text, p.approved,
                             p.partial, p.ledger_balance, p.available_balance,
                             p.account_currency, NULL::text, NULL::text[], NULL::text[],
-                            NULL::text[], p.card_status, p.limit_id
+                            NULL::text[], p.card_status, p.limit_id, NULL::text
           FROM payauth_authorize_purchases(
                    p_txn_ids, p_account_ids, p_amounts, p_currencies, p_auth_types,
                    p_fingerprints, p_correlation_ids, p_message_ids, p_partitions,
@@ -201,7 +243,7 @@ BEGIN
                             l.mismatch, l.balance_delta, l.held_delta, l.approved, l.partial,
                             l.ledger_balance, l.available_balance, l.account_currency,
                             l.already_cleared, NULL::text[], NULL::text[], NULL::text[],
-                            l.card_status, l.limit_id
+                            l.card_status, l.limit_id, NULL::text
           FROM payauth_authorize_lifecycle(
                    p_txn_ids, p_account_ids, p_amounts, p_currencies, p_auth_types,
                    p_fingerprints, p_correlation_ids, p_message_ids, p_partitions,
@@ -209,12 +251,12 @@ BEGIN
                    p_billing_amounts, p_billing_currencies, p_partial_ok, p_final,
                    p_card_ids, p_categories, p_countries, p_times, p_tz) l;
     ELSE
-        RETURN QUERY SELECT * FROM payauth_authorize_each(
+        RETURN QUERY SELECT e.*, NULL::text FROM payauth_authorize_each(
                    p_txn_ids, p_account_ids, p_amounts, p_currencies, p_auth_types,
                    p_fingerprints, p_correlation_ids, p_message_ids, p_partitions,
                    p_offsets, p_processed_at, p_source_topic, p_batch_id, p_originals,
                    p_billing_amounts, p_billing_currencies, p_partial_ok, p_final,
-                   p_card_ids, p_categories, p_countries, p_times, p_tz);
+                   p_card_ids, p_categories, p_countries, p_times, p_tz) e;
     END IF;
     EXIT decide;
     EXCEPTION
@@ -223,15 +265,33 @@ BEGIN
             RAISE;
         END IF;
         route := 'each';
-    WHEN unique_violation THEN
-        GET STACKED DIAGNOSTICS violated = TABLE_NAME;
-        IF violated IN ('ledger_entries', 'holds', 'lifecycle_messages')
-           OR violated LIKE 'processed\_transactions%' THEN
+    WHEN unique_violation OR SQLSTATE 'PA409' THEN  -- (the loop's: a write found its key)
+        GET STACKED DIAGNOSTICS violated = TABLE_NAME, failure = RETURNED_SQLSTATE;
+        IF failure <> 'PA409' AND violated NOT IN ('ledger_entries', 'holds',
+                                                   'lifecycle_messages')
+           AND violated NOT LIKE 'processed\_transactions%' THEN
+            RAISE;
+        END IF;
+        -- The INSERT that found a key taken waited until the transaction that wrote it
+        -- committed, so this query sees it, with every other key of the batch decided
+        -- since the worker's lookup (where the lookup finds a decision:
+        -- PostgresStore.load_stored). Those claims are lost: answered so, nothing of them
+        -- written here (the route's writes were undone back to BEGIN, the accounts' locks
+        -- kept), and the rest decided on the route chosen for them. Each turn leaves out
+        -- one message at least, or none can be named (a hold alone, a hold ended
+        -- meanwhile): then the whole batch is refused, the worker's retry looks it up again.
+        lost := ARRAY(SELECT t.txn FROM unnest(p_txn_ids) AS t(txn)
+                       WHERE EXISTS (SELECT 1 FROM processed_transactions x
+                                      WHERE x.txn_id = t.txn)
+                          OR EXISTS (SELECT 1 FROM lifecycle_messages x WHERE x.txn_id = t.txn)
+                          OR EXISTS (SELECT 1 FROM ledger_entries x WHERE x.txn_id = t.txn));
+        IF cardinality(lost) = 0 AND failure = 'PA409' THEN
+            RAISE;
+        ELSIF cardinality(lost) = 0 THEN
             RAISE EXCEPTION 'a transaction_id of the batch is in % already: another replica '
                             'decided it first', violated
                   USING ERRCODE = 'PA409';
         END IF;
-        RAISE;
     END;
     END LOOP;
 END

@@ -32,7 +32,8 @@
 --   kept in early_clearings until that original comes.
 --
 -- Every write checks it wrote what it meant to (a claim, a hold, a lifecycle record or a
--- ledger entry there already: SQLSTATE PA409, the whole statement rolled back). One row per
+-- ledger entry there already: SQLSTATE PA409, which payauth_authorize answers as a claim
+-- lost where it can name the key, the whole statement rolled back where not). One row per
 -- message, the columns of payauth_authorize: balance_delta and held_delta are what the
 -- message itself changed (a hold counts net of the clearings before it; the orphan
 -- reversals its arrival applied, with what each released or credited, come in applied_ids,

@@ -5,8 +5,8 @@
 -- it left, with payauth_decide, in memory; then one statement claims the keys, writes the
 -- ledger and moves the balances. The claim is the primary key of processed_transactions
 -- (txn_id, the period): an INSERT of a key that another open transaction inserted waits for
--- it, then violates the key; payauth_authorize answers that with SQLSTATE PA409, the whole
--- statement rolled back.
+-- it, then violates the key; payauth_authorize undoes the route, answers the keys decided
+-- meanwhile lost and decides the rest.
 --
 -- What moves is the amount in the account's currency (payauth_account_amount: the amount,
 -- or the network's billing amount), as much of it as payauth_approved approves (a partial

@@ -15,7 +15,7 @@
 --    lock before P began, hence before this wait, and is committed or rolled back when it
 --    ends. A claim of P-1 never waits for one of P, so they never deadlock.
 -- 3. The caller then probes period P-1 for its keys (payauth_authorize): a record a claim of
---    P-1 committed after the caller's lookup is found there, and the claim is lost (PA409).
+--    P-1 committed after the caller's lookup is found there, and its claim is lost.
 --    Only in READ COMMITTED, where each statement sees what committed before it: a claim
 --    in a transaction of another isolation level is refused (SQLSTATE 25001).
 --

@@ -18,10 +18,12 @@ batch's keys (``load_stored``; the keys as one joined text too), outside any tra
 
 The claim is the unique index on ``processed_transactions.txn_id``, not a row lock: an
 INSERT of a key that another open transaction inserted waits for it, then conflicts (a
-``SELECT … FOR UPDATE`` of a missing row would lock nothing). When fewer rows are claimed
-than sent, another replica decided some of them first: the function raises SQLSTATE PA409,
-the statement is rolled back, and we raise ``ClaimLost``; the caller re-reads the dedup
-records and sees duplicates. A statement cancelled by ``statement_timeout`` raises
+``SELECT … FOR UPDATE`` of a missing row would lock nothing). The statement then answers
+the keys another replica decided first as lost, and decides the rest: ``authorize`` leaves
+the lost ones out of its answer, and the caller looks them up again (duplicates, or
+conflicts). When the statement cannot name them, or a claim of the period before won, it
+raises SQLSTATE PA409, everything is rolled back, and we raise ``ClaimLost``: the caller
+retries the batch. A statement cancelled by ``statement_timeout`` raises
 ``StatementTimedOut``: the caller decides the batch in smaller parts.
 """
 
@@ -181,9 +183,9 @@ SELECT k.id, k.fingerprint, coalesce(k.result, 'APPROVED'), k.decline_reason,
 """
 
 # Locks, decides and writes the batch, and commits on its own: one round trip
-# (sql/payauth_authorize.sql); the columns go as joined texts (``pg_columns``). Raises
-# SQLSTATE PA409 when a claim was lost. Public: the benchmark measures this very statement
-# with pgbench.
+# (sql/payauth_authorize.sql); the columns go as joined texts (``pg_columns``). A claim lost
+# comes first, as a row naming it; SQLSTATE PA409 when one cannot be named. Public: the
+# benchmark measures this very statement with pgbench.
 AUTHORIZE_STATEMENT = f"""
 SELECT *
   FROM payauth_authorize({split("$1")}, {split("$2")}, {split("$3", "::numeric[]")},
@@ -290,8 +292,9 @@ def translate(exc: BaseException) -> BaseException:
     if isinstance(exc, asyncpg.QueryCanceledError):  # statement_timeout
         return StatementTimedOut(f"{type(exc).__name__}: {str(exc)[:200]}")
     if isinstance(exc, asyncpg.UniqueViolationError):
-        # payauth_authorize answers a claim's key violated with PA409 (above); a key violated
-        # elsewhere is retried as a lost claim too, the batch looked up again first.
+        # payauth_authorize answers a claim's key violated itself (a row naming it, or PA409
+        # above); a key violated elsewhere is retried as a lost claim too, the batch looked
+        # up again first.
         return ClaimLost(f"unique violation on {exc.constraint_name}: another replica won")
     if isinstance(exc, _RETRYABLE):
         return TransientError(f"{type(exc).__name__}: retry")
@@ -415,9 +418,12 @@ class PostgresStore:
         source_partitions: Sequence[int],
         source_offsets: Sequence[int],
     ) -> list[StoredResult]:
-        """Decide and commit a batch of transactions not seen before, in offset order.
+        """Decide and commit a batch of transactions not seen before, in offset order: the
+        records of those decided. One that another replica decided first, while the batch
+        waited for it, has none (nothing of it written here): the caller looks it up.
 
-        Raises ``ClaimLost`` (rolled back) when another replica decided one of them first.
+        Raises ``ClaimLost`` (all rolled back) when a claim was lost that the statement
+        could not name (or to a claim of the period before).
         """
         processed_at = datetime.now(UTC)
         batch_id = uuid.uuid4()  # its receipt, once the events are acknowledged
@@ -450,6 +456,13 @@ class PostgresStore:
                 self._limits_timezone))
         except Exception as exc:
             _raise_translated(exc)
+        if rows and rows[0]["claim_lost"] is not None:  # (the lost come first)
+            lost = {row["claim_lost"] for row in rows if row["claim_lost"] is not None}
+            rows = [row for row in rows if row["claim_lost"] is None]
+            decided = [(a, p) for a, p in zip(new, source_partitions, strict=True)
+                       if a.transaction_id not in lost]
+            new = [a for a, _ in decided]
+            source_partitions = [p for _, p in decided]
         # The purchases route answers no deltas; every other route answers them for every
         # message but a mismatch: its first row says which route the batch took.
         if rows and rows[0]["balance_delta"] is None and rows[0]["mismatch"] is None:

@@ -12,8 +12,10 @@ modules point here.
 3. ``Store``: read the dedup records of the rest (duplicates and conflicts; only decisions
    already on the synchronous standby come back, see ``PostgresStore.load_stored``), then
    decide the new ones in one transaction (claim, lock accounts, decide, debit/credit,
-   ledger, dedup record) and COMMIT. Another replica claiming first → ``ClaimLost`` → back
-   to step 1.
+   ledger, dedup record) and COMMIT. A transaction another replica decided first while the
+   batch waited for it is left out of that commit and looked up again (a duplicate, or a
+   conflict): a lost claim costs its own message, not the batch. ``ClaimLost`` (a claim
+   the store could not name) → back to step 1.
 4. Publish every result event (new decisions, and stored results never confirmed published)
    and every dead-letter record (``Publisher``); wait until Kafka acknowledges them all.
 5. Report the batch's offsets finished (``OffsetSink``): only now may the consumer thread
@@ -89,6 +91,9 @@ log = structlog.get_logger(__name__)
 # message.max.bytes. The worker passes what it read from the producer and the topic.
 DEFAULT_DEAD_LETTER_BYTES = 1_000_000
 MIN_DEAD_LETTER_BYTES = 16_384
+# A batch's lookups before it is retried whole (``_decide``): the second finds every claim
+# the first decision lost; a third is slack for a claim lost again in between.
+_LOOKUPS_PER_BATCH = 3
 
 
 @dataclass(frozen=True)
@@ -265,15 +270,33 @@ class BatchProcessor:
 
     async def _decide(self, valid: list[tuple[Message, Authorization]],
                       stage: StageClock) -> list[MessageOutcome]:
-        started = time.perf_counter()
-        stored = await self._store.load_stored(list({a.transaction_id for _, a in valid}))
-        metrics.dedup_lookup_seconds.labels("postgres").observe(time.perf_counter() - started)
-        stage.lap("postgres_lookup")
-        new, repeats = split_stored(valid, stored, self.replay_marks)
-        refused: list[Invalid] = []
-        records = await self._authorize(new, refused)
-        stage.lap("postgres_commit")
-        return [*decided(new, {r.transaction_id: r for r in records}), *repeats, *refused]
+        """Look the batch up, decide the new ones; those whose claims another replica won
+        meanwhile (no record: nothing of them written) are looked up again, the store's
+        decisions for the rest committed already. A lookup that finds them ends it; a
+        store that keeps answering lost for keys its lookup cannot find is a fault, and
+        the batch is retried whole (``ClaimLost``)."""
+        outcomes: list[MessageOutcome] = []
+        pending = valid
+        for _ in range(_LOOKUPS_PER_BATCH):
+            started = time.perf_counter()
+            stored = await self._store.load_stored(list({a.transaction_id for _, a in pending}))
+            metrics.dedup_lookup_seconds.labels("postgres").observe(
+                time.perf_counter() - started)
+            stage.lap("postgres_lookup")
+            new, repeats = split_stored(pending, stored, self.replay_marks)
+            refused: list[Invalid] = []
+            records = {r.transaction_id: r for r in await self._authorize(new, refused)}
+            stage.lap("postgres_commit")
+            outcomes += [*decided(new, records), *repeats, *refused]
+            answered = {id(invalid.msg) for invalid in refused}
+            pending = [(msg, auth) for msg, auth in new
+                       if auth.transaction_id not in records and id(msg) not in answered]
+            if not pending:
+                return outcomes
+            metrics.retries_total.labels("claim_lost").inc()
+            log.info("claims_lost", messages=len(pending), decided=len(records),
+                     partition=pending[0][0].partition(), first_offset=pending[0][0].offset())
+        raise ClaimLost(f"{len(pending)} claim(s) lost that a lookup could not find")
 
     async def _authorize(self, items: list[tuple[Message, Authorization]],
                          refused: list[Invalid]) -> list[StoredResult]:

@@ -74,7 +74,8 @@ class PublishFailed(TransientError):
 
 
 class ClaimLost(TransientError):
-    """Another replica claimed a transaction of this batch first; retry the batch."""
+    """Another replica claimed a transaction of this batch first, and the store could not
+    answer that one alone (nothing of the batch written); retry the batch."""
 
 
 class StatementTimedOut(TransientError):
@@ -107,7 +108,10 @@ class Store(Protocol):
         source_topic: str,
         source_partitions: Sequence[int],
         source_offsets: Sequence[int],
-    ) -> list[StoredResult]: ...
+    ) -> list[StoredResult]:
+        """The records of those decided and committed; one another replica decided first
+        while this call waited for it has none (``ClaimLost``: none decided at all)."""
+        ...
     async def mark_published(self, batch_ids: Sequence[UUID],
                              txn_ids: Sequence[str]) -> None: ...
     async def record_sightings(self, sightings: Sequence[Sighting]) -> None: ...

@@ -18,7 +18,7 @@ from service.core.pipeline import BatchProcessor, Topics
 from service.core.plan import Limits
 from service.core.ports import TP, ClaimLost, DataRejected, PublishFailed, Record, StoreUnavailable
 from service.domain.dedup import StoredResult
-from service.domain.messages import Authorization
+from service.domain.messages import Authorization, decode_authorization
 from service.domain.vocabulary import DuplicateCause, Result
 from tests.support.factory import auth_message, encode
 
@@ -63,6 +63,10 @@ class Store:
     published: list[str] = field(default_factory=list)
     receipts: list[UUID] = field(default_factory=list)
     sightings: list[Any] = field(default_factory=list)
+    # Decided by another replica while this store's call waits for them: recorded at the
+    # call and left out of its answer (what a lost claim does to payauth_authorize).
+    won_elsewhere: dict[str, StoredResult] = field(default_factory=dict)
+    lost_unfound: int = 0  # calls that leave their first key out but record it nowhere
 
     async def ping(self) -> bool:
         self.pings += 1
@@ -83,7 +87,15 @@ class Store:
         self.commits += 1
         batch = uuid4()
         out = []
+        lost = {a.transaction_id for a in new if a.transaction_id in self.won_elsewhere}
+        for txn in lost:
+            self.records[txn] = self.won_elsewhere.pop(txn)
+        if self.lost_unfound and new:
+            self.lost_unfound -= 1
+            lost.add(new[0].transaction_id)
         for a in new:
+            if a.transaction_id in lost:
+                continue
             rec = StoredResult(a.transaction_id, a.fingerprint, Result.APPROVED, None,
                                a.account_id, a.amount_text, a.currency,
                                a.authorization_type.value, a.correlation_id,
@@ -215,6 +227,47 @@ async def test_transient_failures_are_retried_until_they_pass() -> None:
     assert store.commits == 1
     # The failed publish was repeated from the stored, unconfirmed result.
     assert [t for t, _ in sender.sent] == ["out"] and "T1" in cache.data
+
+
+def _decided_elsewhere(txn: str, amount: str) -> StoredResult:
+    a = decode_authorization(encode(auth_message(txn, amount=amount)))
+    return StoredResult(txn, a.fingerprint, Result.APPROVED, None, a.account_id,
+                        a.amount_text, a.currency, a.authorization_type.value, "corr-x",
+                        datetime.now(UTC), False, uuid4(), source_partition=7)
+
+
+def _retries(cause: str) -> float:
+    return metrics.retries_total.labels(cause)._value.get()
+
+
+@pytest.mark.parametrize("amount, topics", [("10.00", ["out", "out", "out"]),
+                                            ("99.00", ["out", "out", "dlq"])])
+async def test_a_claim_lost_costs_its_own_message_not_the_batch(amount: str,
+                                                                topics: list[str]) -> None:
+    """Another replica decides B (the same body: a duplicate; another: a conflict) while
+    this batch waits for it: A and C are decided in the one commit, B looked up again and
+    answered from the other's decision; the batch is not decided again."""
+    store = Store(won_elsewhere={"B": _decided_elsewhere("B", amount)})
+    cache, sender = Cache(), Sender()
+    lost_before = _retries("claim_lost")
+    await processor(store, cache, sender).process(
+        msgs(auth_message("A"), auth_message("B"), auth_message("C")))
+    assert store.commits == 1 and _retries("claim_lost") == lost_before + 1
+    assert [t for t, _ in sender.sent] == topics  # (the events first, then dead letters)
+    assert store.records["B"].source_partition == 7  # the other replica's decision stands
+    if "dlq" not in topics:  # republished as the other decided it (never confirmed published)
+        assert b'"correlation_id":"corr-x"' in (sender.sent[1][1] or b"").replace(b" ", b"")
+
+
+async def test_claims_lost_that_no_lookup_finds_retry_the_batch_whole() -> None:
+    """A store that keeps answering a key lost that its lookup cannot find (a fault): after
+    three lookups the batch is retried whole, and each message still has one decision."""
+    store, cache, sender = Store(lost_unfound=3), Cache(), Sender()
+    await processor(store, cache, sender).process(
+        msgs(auth_message("A"), auth_message("B")))
+    assert store.commits == 4  # three lookups, each losing A; then the whole batch again
+    assert sorted(store.records) == ["A", "B"]
+    assert [t for t, _ in sender.sent] == ["out", "out"]
 
 
 async def test_a_row_the_database_refuses_is_isolated_and_dead_lettered() -> None:

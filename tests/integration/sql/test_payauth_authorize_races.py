@@ -5,8 +5,9 @@ purchase's batch reading the waiting orphans before it locked the account); a cl
 before its hold and the hold decided by another batch, at the same point; two purchases of
 one card with room in its limit for one; a card frozen, and a limit loaded, while a batch
 decides for its account; a batch naming a hold of an account it has not locked while that
-hold's batch is open; and the first race many times over through two stores, as two
-workers' batches meet."""
+hold's batch is open; a claim lost to a batch still open, which costs its own message and
+not the batch; and the first race many times over through two stores, as two workers'
+batches meet."""
 
 from __future__ import annotations
 
@@ -102,6 +103,50 @@ def test_a_clearing_kept_while_its_hold_is_decided_elsewhere_is_netted(
     assert (placed["state"], placed["remaining"], placed["ended_by"]) == \
         ("CLEARED", Decimal("0"), f"C1-{account}")
     assert early["state"] == "APPLIED"
+
+
+@pytest.mark.parametrize("twin", ["duplicate", "conflict", "duplicate, one at a time"])
+def test_a_claim_lost_to_a_batch_still_open_costs_its_message_alone(env: stack.Env,
+                                                                    twin: str) -> None:
+    """1. A batch holds K of account A: A locked, K claimed, not committed. 2. Another batch
+    holds P1, K, P2 (P1 and P2 of account B; K of A again, a duplicate sent to another
+    partition, which waits for A; or of account C, a conflict, which waits for K's claim;
+    or a duplicate beside a reversal whose original is unknown, a batch decided one message
+    at a time). 3. The first commits: the second answers K lost, nothing of it written, and
+    decides the rest in the same call, once."""
+    a, b, c = (f"RACE-{uuid.uuid4().hex[:6]}" for _ in range(3))
+    asyncio.run(stack.seed_accounts(env.dsn, [(x, "100.00", "EUR") for x in (a, b, c)]))
+    k = f"K-{a}"
+
+    async def decide_waiting() -> list[str]:
+        store = await PostgresStore.connect(env.dsn)
+        try:
+            orphan = [authorization(f"R-{b}", b, "5.00", "REVERSAL", original=f"X-{b}")
+                      ] if twin.endswith("at a time") else []
+            batch = [authorization(f"P1-{b}", b, "10.00"),
+                     authorization(k, c if twin == "conflict" else a, "30.00"),
+                     *orphan, authorization(f"P2-{b}", b, "20.00")]
+            decided = await store.authorize(
+                batch, source_topic="t", source_partitions=[2] * len(batch),
+                source_offsets=list(range(len(batch))))
+            return [d.transaction_id for d in decided]
+        finally:
+            await store.close()
+
+    held, decided, _ = command_while_a_batch_decides(
+        env, authorization(k, a, "30.00"), decide_waiting, [])
+    assert held.result == "APPROVED"
+    assert decided == [f"P1-{b}", *([f"R-{b}"] if twin.endswith("at a time") else []),
+                       f"P2-{b}"]
+    balances = {r["account_id"]: r["balance"] for r in stack.fetch(
+        env.dsn, "SELECT account_id, balance FROM accounts WHERE account_id = ANY($1::text[])",
+        [a, b, c])}
+    assert balances == {a: Decimal("70.00"), b: Decimal("70.00"), c: Decimal("100.00")}
+    claims = stack.fetch(env.dsn, "SELECT source_partition, account_id FROM "
+                                  "processed_transactions WHERE txn_id = $1", k)
+    entries = stack.fetch(env.dsn, "SELECT account_id FROM ledger_entries WHERE txn_id = $1", k)
+    assert [(r["source_partition"], r["account_id"]) for r in claims] == [(1, a)]
+    assert [r["account_id"] for r in entries] == [a]
 
 
 def test_orphans_and_their_purchases_decided_at_once_by_two_stores(env: stack.Env) -> None:
