@@ -223,8 +223,9 @@ BEGIN
 
     -- (The routes write without ON CONFLICT, whose speculative insertion per row cost a
     -- sixth of a purchase: a key another transaction claimed or wrote first is violated
-    -- instead, and that is a claim lost, here for every route. Any other key violated is
-    -- a fault, raised as it is.)
+    -- instead, and that is a claim lost, here for every route: a key of what they write
+    -- by transaction_id, a limit's charge among them, which the loop writes before its
+    -- claim. Any other key violated is a fault, raised as it is.)
     BEGIN
     IF route = 'purchases' THEN
         RETURN QUERY SELECT p.result, p.decline_reason, NULL::text, NULL::boolean,
@@ -268,7 +269,7 @@ BEGIN
     WHEN unique_violation OR SQLSTATE 'PA409' THEN  -- (the loop's: a write found its key)
         GET STACKED DIAGNOSTICS violated = TABLE_NAME, failure = RETURNED_SQLSTATE;
         IF failure <> 'PA409' AND violated NOT IN ('ledger_entries', 'holds',
-                                                   'lifecycle_messages')
+                                                   'lifecycle_messages', 'limit_charges')
            AND violated NOT LIKE 'processed\_transactions%' THEN
             RAISE;
         END IF;

@@ -6,8 +6,9 @@
 -- the purge drops the charge with that period. Called by the batch statement's routes,
 -- after the batch's claims, with the accounts locked: a limit's usage is written only
 -- under the lock of its account, so two batches never count one limit at once. A charge
--- written twice (a message counted twice) is a unique violation: the whole batch rolls
--- back.
+-- written twice (a message counted twice) is a unique violation: payauth_authorize answers
+-- that message's claim lost where another transaction decided it, and refuses the whole
+-- batch where not.
 CREATE OR REPLACE FUNCTION payauth_limits_charge(
     p_under         text[],     -- the purchase or hold each charge is kept under
     p_charged_by    text[],     -- the message counted

@@ -55,6 +55,12 @@ def _a_card(env: stack.Env, balance: str) -> tuple[str, str]:
     return account, card
 
 
+def _purchase(txn: str, account: str, amount: str, card: str | None) -> Authorization:
+    """A purchase of ``account``, on ``card`` where one is given."""
+    return decode_authorization(encode(auth_message(
+        txn, account_id=account, amount=amount, **({"card_id": card} if card else {}))))
+
+
 def _on_card(txn: str, account: str, card: str, amount: str) -> Authorization:
     """A purchase of ``account`` on ``card`` (its transaction id made unique by the account)."""
     return decode_authorization(encode(auth_message(
@@ -105,18 +111,26 @@ def test_a_clearing_kept_while_its_hold_is_decided_elsewhere_is_netted(
     assert early["state"] == "APPLIED"
 
 
-@pytest.mark.parametrize("twin", ["duplicate", "conflict", "duplicate, one at a time"])
+@pytest.mark.parametrize("twin", ["duplicate", "conflict", "duplicate, one at a time",
+                                  "duplicate on a card with a limit, one at a time"])
 def test_a_claim_lost_to_a_batch_still_open_costs_its_message_alone(env: stack.Env,
                                                                     twin: str) -> None:
     """1. A batch holds K of account A: A locked, K claimed, not committed. 2. Another batch
     holds P1, K, P2 (P1 and P2 of account B; K of A again, a duplicate sent to another
     partition, which waits for A; or of account C, a conflict, which waits for K's claim;
     or a duplicate beside a reversal whose original is unknown, a batch decided one message
-    at a time). 3. The first commits: the second answers K lost, nothing of it written, and
-    decides the rest in the same call, once."""
-    a, b, c = (f"RACE-{uuid.uuid4().hex[:6]}" for _ in range(3))
-    asyncio.run(stack.seed_accounts(env.dsn, [(x, "100.00", "EUR") for x in (a, b, c)]))
+    at a time, which counts K's card's limit before it claims K). 3. The first commits: the
+    second answers K lost, nothing of it written, and decides the rest in the same call,
+    once."""
+    b, c = (f"RACE-{uuid.uuid4().hex[:6]}" for _ in range(2))
+    asyncio.run(stack.seed_accounts(env.dsn, [(x, "100.00", "EUR") for x in (b, c)]))
+    a, card = _a_card(env, "100.00")
+    if "limit" in twin:
+        stack.fetch(env.dsn, "INSERT INTO spending_limits (limit_id, scope, scope_id, period, "
+                             "max_amount) VALUES ($1, 'CARD', $2, 'DAY', 90) RETURNING 1",
+                    f"L-{a}", card)  # (room for K twice: counted again, were it decided again)
     k = f"K-{a}"
+    on_card = card if "limit" in twin else None
 
     async def decide_waiting() -> list[str]:
         store = await PostgresStore.connect(env.dsn)
@@ -124,7 +138,7 @@ def test_a_claim_lost_to_a_batch_still_open_costs_its_message_alone(env: stack.E
             orphan = [authorization(f"R-{b}", b, "5.00", "REVERSAL", original=f"X-{b}")
                       ] if twin.endswith("at a time") else []
             batch = [authorization(f"P1-{b}", b, "10.00"),
-                     authorization(k, c if twin == "conflict" else a, "30.00"),
+                     _purchase(k, c if twin == "conflict" else a, "30.00", on_card),
                      *orphan, authorization(f"P2-{b}", b, "20.00")]
             decided = await store.authorize(
                 batch, source_topic="t", source_partitions=[2] * len(batch),
@@ -134,7 +148,7 @@ def test_a_claim_lost_to_a_batch_still_open_costs_its_message_alone(env: stack.E
             await store.close()
 
     held, decided, _ = command_while_a_batch_decides(
-        env, authorization(k, a, "30.00"), decide_waiting, [])
+        env, _purchase(k, a, "30.00", on_card), decide_waiting, [])
     assert held.result == "APPROVED"
     assert decided == [f"P1-{b}", *([f"R-{b}"] if twin.endswith("at a time") else []),
                        f"P2-{b}"]
@@ -147,6 +161,10 @@ def test_a_claim_lost_to_a_batch_still_open_costs_its_message_alone(env: stack.E
     entries = stack.fetch(env.dsn, "SELECT account_id FROM ledger_entries WHERE txn_id = $1", k)
     assert [(r["source_partition"], r["account_id"]) for r in claims] == [(1, a)]
     assert [r["account_id"] for r in entries] == [a]
+    if "limit" in twin:
+        [usage] = stack.fetch(env.dsn, "SELECT amount, count FROM limit_usage "
+                                       "WHERE limit_id = $1", f"L-{a}")
+        assert (usage["amount"], usage["count"]) == (Decimal("30.00"), 1)
 
 
 def test_orphans_and_their_purchases_decided_at_once_by_two_stores(env: stack.Env) -> None:
