@@ -80,6 +80,7 @@ from service.core.ports import (
     TransientError,
 )
 from service.core.reporting import StageClock, account
+from service.core.store_absence import until_store_answers
 from service.domain.dedup import StoredResult
 from service.domain.errors import DeadLetterReason
 from service.domain.events import encode_event, events_of
@@ -91,6 +92,9 @@ log = structlog.get_logger(__name__)
 # message.max.bytes. The worker passes what it read from the producer and the topic.
 DEFAULT_DEAD_LETTER_BYTES = 1_000_000
 MIN_DEAD_LETTER_BYTES = 16_384
+# How often a batch waiting out PostgreSQL's absence asks whether it is back, at most (or
+# every backoff_initial, when shorter).
+_PROBE_INTERVAL_S = 0.1
 # A batch's lookups before it is retried whole (``_decide``): the second finds every claim
 # the first decision lost; a third is slack for a claim lost again in between.
 _LOOKUPS_PER_BATCH = 3
@@ -147,7 +151,8 @@ class BatchProcessor:
         """Process a batch until it is done. No message can stop its partition:
 
         - a transient failure (PostgreSQL down, a lost claim, Kafka not acknowledging) is
-          retried with backoff; the partitions wait and nothing is committed;
+          retried with backoff (PostgreSQL away: until it answers again, at most that); the
+          partitions wait and nothing is committed;
         - a batch whose statement ran past its timeout is split in halves, decided one after
           the other (a partition's messages keep their order), each split again if it too
           times out: the batch is not retried whole, which could time out for ever while
@@ -221,7 +226,11 @@ class BatchProcessor:
             partition=msgs[0].partition(), first_offset=msgs[0].offset(),
             messages=len(msgs), error=failure_detail(exc),
         )
-        await asyncio.sleep(delay)
+        if isinstance(exc, StoreUnavailable):
+            await until_store_answers(self._store, delay,
+                                      probe_every=min(self._backoff_initial, _PROBE_INTERVAL_S))
+        else:
+            await asyncio.sleep(delay)
 
     def _shrink_dead_letter_limit(self) -> None:
         """Kafka refused a record as too large although it was under our limit (the topic's

@@ -67,17 +67,20 @@ class Store:
     # call and left out of its answer (what a lost claim does to payauth_authorize).
     won_elsewhere: dict[str, StoredResult] = field(default_factory=dict)
     lost_unfound: int = 0  # calls that leave their first key out but record it nowhere
+    away: bool = False  # PostgreSQL away: pings unanswered, every batch unavailable
 
     async def ping(self) -> bool:
         self.pings += 1
         if self.pings >= 20:
             self.pinged_often.set()
-        return self.answers
+        return self.answers and not self.away
 
     async def load_stored(self, txn_ids: Sequence[str]) -> dict[str, StoredResult]:
         return {t: self.records[t] for t in txn_ids if t in self.records}
 
     async def authorize(self, new: Sequence[Authorization], **_: object) -> list[StoredResult]:
+        if self.away:
+            raise StoreUnavailable("connection refused")
         if self.failures:
             raise self.failures.pop(0)
         if self.reject_txn and any(a.transaction_id == self.reject_txn for a in new):
@@ -268,6 +271,37 @@ async def test_claims_lost_that_no_lookup_finds_retry_the_batch_whole() -> None:
     assert store.commits == 4  # three lookups, each losing A; then the whole batch again
     assert sorted(store.records) == ["A", "B"]
     assert [t for t, _ in sender.sent] == ["out", "out"]
+
+
+async def test_a_batch_resumes_when_postgres_answers_again_not_when_its_backoff_ends(
+) -> None:
+    """PostgreSQL away, then back 0.3 s later: the batch, in a backoff of at least 30 s by
+    then, asks while it waits and is decided once the store answers."""
+    store, cache, sender = Store(away=True), Cache(), Sender()
+    p = BatchProcessor(store, cache, sender, Offsets(sender), Topics("out", "dlq"),
+                       backoff_initial=30.0, backoff_max=60.0)
+
+    async def back_soon() -> None:
+        await asyncio.sleep(0.3)
+        store.away = False
+
+    comes_back = asyncio.create_task(back_soon())
+    await asyncio.wait_for(p.process(msgs(auth_message("T1"))), 10)  # far below 30 s
+    await comes_back
+    assert store.commits == 1 and [t for t, _ in sender.sent] == ["out"]
+    assert store.pings >= 2  # unanswered while away, then answered
+
+
+async def test_a_store_that_answers_although_the_batch_failed_is_waited_out() -> None:
+    """The batch failed as unavailable but the store answers its first question (a
+    read-only node still in the pool, say): no retry at once, the backoff is waited out,
+    one question asked."""
+    store = Store(failures=[StoreUnavailable("read-only transaction")])
+    cache, sender = Cache(), Sender()
+    p = BatchProcessor(store, cache, sender, Offsets(sender), Topics("out", "dlq"),
+                       backoff_initial=0.05, backoff_max=0.1)
+    await p.process(msgs(auth_message("T1")))
+    assert store.commits == 1 and store.pings == 1
 
 
 async def test_a_row_the_database_refuses_is_isolated_and_dead_lettered() -> None:
