@@ -21,9 +21,9 @@ INSERT of a key that another open transaction inserted waits for it, then confli
 ``SELECT … FOR UPDATE`` of a missing row would lock nothing). The statement then answers
 the keys another replica decided first as lost, and decides the rest: ``authorize`` leaves
 the lost ones out of its answer, and the caller looks them up again (duplicates, or
-conflicts). When the statement cannot name them, or a claim of the period before won, it
-raises SQLSTATE PA409, everything is rolled back, and we raise ``ClaimLost``: the caller
-retries the batch. A statement cancelled by ``statement_timeout`` raises
+conflicts); a claim of the period before that won is answered so too. When the statement
+cannot name them, it raises SQLSTATE PA409, everything is rolled back, and we raise
+``ClaimLost``: the caller retries the batch. A statement cancelled by ``statement_timeout`` raises
 ``StatementTimedOut``: the caller decides the batch in smaller parts.
 """
 
@@ -422,8 +422,8 @@ class PostgresStore:
         records of those decided. One that another replica decided first, while the batch
         waited for it, has none (nothing of it written here): the caller looks it up.
 
-        Raises ``ClaimLost`` (all rolled back) when a claim was lost that the statement
-        could not name (or to a claim of the period before).
+        Raises ``ClaimLost`` (all of this call rolled back) when a claim was lost that the
+        statement could not name.
         """
         processed_at = datetime.now(UTC)
         batch_id = uuid.uuid4()  # its receipt, once the events are acknowledged

@@ -110,7 +110,8 @@ class Store(Protocol):
         source_offsets: Sequence[int],
     ) -> list[StoredResult]:
         """The records of those decided and committed; one another replica decided first
-        while this call waited for it has none (``ClaimLost``: none decided at all)."""
+        while this call waited for it has none (``ClaimLost``: nothing of this call
+        committed)."""
         ...
     async def mark_published(self, batch_ids: Sequence[UUID],
                              txn_ids: Sequence[str]) -> None: ...
