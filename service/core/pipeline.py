@@ -92,9 +92,6 @@ log = structlog.get_logger(__name__)
 # message.max.bytes. The worker passes what it read from the producer and the topic.
 DEFAULT_DEAD_LETTER_BYTES = 1_000_000
 MIN_DEAD_LETTER_BYTES = 16_384
-# How often a batch waiting out PostgreSQL's absence asks whether it is back, at most (or
-# every backoff_initial, when shorter).
-_PROBE_INTERVAL_S = 0.1
 # A batch's lookups before it is retried whole (``_decide``): the second finds every claim
 # the first decision lost; a third is slack for a claim lost again in between.
 _LOOKUPS_PER_BATCH = 3
@@ -227,8 +224,7 @@ class BatchProcessor:
             messages=len(msgs), error=failure_detail(exc),
         )
         if isinstance(exc, StoreUnavailable):
-            await until_store_answers(self._store, delay,
-                                      probe_every=min(self._backoff_initial, _PROBE_INTERVAL_S))
+            await until_store_answers(self._store, delay, probe_every=self._backoff_initial)
         else:
             await asyncio.sleep(delay)
 

@@ -12,18 +12,22 @@ from service.core.ports import Store
 
 log = structlog.get_logger(__name__)
 
+# How often a batch waiting out PostgreSQL's absence asks whether it is back, at most.
+PROBE_INTERVAL_S = 0.1
+
 
 async def until_store_answers(store: Store, delay: float, *, probe_every: float) -> None:
     """Wait ``delay``, or until ``store`` answers again after it was seen away, asking every
-    ``probe_every`` seconds. A store that answers its first question although the batch
-    failed (a read-only node still in the pool) is waited out whole: retried at once, the
-    batch would fail at once."""
+    ``probe_every`` seconds (at most every ``PROBE_INTERVAL_S``). A store that answers its
+    first question although the batch failed (a read-only node still in the pool) is waited
+    out whole: retried at once, the batch would fail at once."""
     loop = asyncio.get_running_loop()
     started = loop.time()
     deadline = started + delay
+    interval = min(probe_every, PROBE_INTERVAL_S)
     seen_away = False
     while (remaining := deadline - loop.time()) > 0:
-        await asyncio.sleep(min(probe_every, remaining))
+        await asyncio.sleep(min(interval, remaining))
         if loop.time() >= deadline:
             return
         try:
