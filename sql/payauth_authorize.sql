@@ -130,7 +130,7 @@ BEGIN
                             NULL::text[], NULL::text[], NULL::text, NULL::text, t.txn
                        FROM unnest(lost) AS t(txn);
         kept := ARRAY(SELECT t.i FROM unnest(p_txn_ids) WITH ORDINALITY AS t(txn, i)
-                       WHERE t.txn <> ALL(lost) ORDER BY t.i);
+                       WHERE coalesce(t.txn <> ALL(lost), true) ORDER BY t.i);
         IF cardinality(kept) = 0 THEN
             RETURN;
         END IF;
@@ -225,7 +225,10 @@ BEGIN
     -- sixth of a purchase: a key another transaction claimed or wrote first is violated
     -- instead, and that is a claim lost, here for every route: a key of what they write
     -- by transaction_id, a limit's charge among them, which the loop writes before its
-    -- claim. Any other key violated is a fault, raised as it is.)
+    -- claim. Any other key violated is a fault, raised as it is. A row RETURN QUERY has
+    -- handed on is not taken back when the block is undone: each route is a PL/pgSQL
+    -- function returning a set, which runs to its end before its first row is handed on,
+    -- so a route that raises has handed on none.)
     BEGIN
     IF route = 'purchases' THEN
         RETURN QUERY SELECT p.result, p.decline_reason, NULL::text, NULL::boolean,

@@ -147,19 +147,6 @@ BEGIN
         orig_res := NULL; o_ids := NULL; o_amounts := NULL; o_corrs := NULL;
         cleared := NULL; cleared_by := NULL;
 
-        why := payauth_mismatch(kind, acct, cur, p_amounts[i], p_billing_currencies[i],
-                                p_billing_amounts[i], orig);
-        IF why IS NOT NULL THEN
-            result := NULL; decline_reason := NULL; amount_applied := NULL; forced := NULL;
-            orphan := NULL; mismatch := why; balance_delta := NULL; held_delta := NULL;
-            approved := NULL; partial := NULL; ledger_balance := NULL;
-            available_balance := NULL; account_currency := NULL; already_cleared := NULL;
-            applied_ids := NULL; applied_amounts := NULL; applied_correlations := NULL;
-            card_status := NULL; limit_id := NULL;
-            RETURN NEXT;
-            CONTINUE;
-        END IF;
-
         SELECT balance, held, status, currency::text AS currency INTO a
           FROM accounts WHERE account_id = acct;
         avail := CASE WHEN FOUND THEN a.balance - a.held END;
@@ -168,8 +155,8 @@ BEGIN
                                                 p_billing_currencies[i],
                                                 p_billing_amounts[i]) END;
 
-        -- What the original is (payauth_mismatch found it fit): a hold, a posted PURCHASE, a
-        -- declined authorization or purchase, or nothing known yet.
+        -- What the original is: a hold, a posted PURCHASE, a declined authorization or
+        -- purchase, or nothing known yet (whether it fits is asked below).
         IF orig IS NOT NULL THEN
             -- (A hold of the message's own account locked, the batch holds that account's
             -- lock; one of another account only read: it ends in a decline or a mismatch,
@@ -201,6 +188,23 @@ BEGIN
             IF h.account_id = acct THEN
                 hold_seen := h.state;
             END IF;
+        END IF;
+
+        -- Whether the message fits what it names: asked after the original is read, so it
+        -- sees at least what that read saw. (An original of another account is read
+        -- without its lock: one its batch commits in between is a mismatch here, never
+        -- released or credited on this account below.)
+        why := payauth_mismatch(kind, acct, cur, p_amounts[i], p_billing_currencies[i],
+                                p_billing_amounts[i], orig);
+        IF why IS NOT NULL THEN
+            result := NULL; decline_reason := NULL; amount_applied := NULL; forced := NULL;
+            orphan := NULL; mismatch := why; balance_delta := NULL; held_delta := NULL;
+            approved := NULL; partial := NULL; ledger_balance := NULL;
+            available_balance := NULL; account_currency := NULL; already_cleared := NULL;
+            applied_ids := NULL; applied_amounts := NULL; applied_correlations := NULL;
+            card_status := NULL; limit_id := NULL;
+            RETURN NEXT;
+            CONTINUE;
         END IF;
 
         -- The card's controls, read now (every message before it on this account is

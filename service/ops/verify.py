@@ -120,6 +120,22 @@ LIFECYCLE_CHECKS = (
             GROUP BY m.original_txn_id
            HAVING sum(l.amount) > min(-p.amount)""",
     ),
+    # A REVERSAL, CLEARING or INCREMENTAL moves money only on its own account: one that
+    # named another account's original is a mismatch, one that named an original not
+    # known yet is kept (an orphan, a clearing before its hold) and applies nothing to it
+    # when it comes.
+    Check(
+        "a reversal, clearing or increment applies only to an original of its account",
+        """SELECT m.txn_id || ' of ' || m.account_id || ' applied ' || m.amount_applied
+                  || ' to ' || m.original_txn_id || ' of ' || o.account_id
+             FROM lifecycle_messages m
+             JOIN (SELECT txn_id, account_id FROM holds
+                   UNION ALL
+                   SELECT txn_id, account_id FROM ledger_entries WHERE type = 'PURCHASE') o
+               ON o.txn_id = m.original_txn_id
+            WHERE m.kind IN ('REVERSAL', 'CLEARING', 'INCREMENTAL')
+              AND m.amount_applied <> 0 AND o.account_id <> m.account_id""",
+    ),
     # The orphans an original applies are found, and applied, in the original's decision,
     # under its account's lock (sql/payauth_authorize.sql): one still waiting while its
     # original was approved on its account (a purchase posted, a hold placed) lost what it

@@ -49,6 +49,33 @@ def test_verify_names_a_reversal_left_waiting_for_an_original_decided_on_its_acc
     assert "R1 waits for X1" in failed[0]
 
 
+def test_verify_names_a_reversal_that_credited_another_accounts_purchase(
+        env: stack.Env) -> None:
+    """What a reversal of account A that read B's purchase as its own would leave (A credited
+    10.00 from B's purchase): every balance adds up, this invariant names the reversal."""
+    run = uuid.uuid4().hex[:8]
+    a, b = f"ACC-A-{run}", f"ACC-B-{run}"
+    asyncio.run(stack.seed_accounts(env.dsn, [(a, "100.00", "EUR"), (b, "100.00", "EUR")]))
+    stack.fetch(env.dsn, """
+        WITH p AS (INSERT INTO ledger_entries (txn_id, account_id, amount, currency, type,
+                                               created_at)
+                   VALUES ('X1', $2, -10, 'EUR', 'PURCHASE', now()),
+                          ('R1', $1, 10, 'EUR', 'REVERSAL', now()) RETURNING 1),
+             m AS (INSERT INTO lifecycle_messages (txn_id, kind, account_id, currency, amount,
+                                                   fingerprint, original_txn_id, result,
+                                                   amount_applied, processed_at)
+                   VALUES ('R1', 'REVERSAL', $1, 'EUR', 10, 'f', 'X1', 'APPROVED', 10, now())
+                   RETURNING 1),
+             ua AS (UPDATE accounts SET balance = 110 WHERE account_id = $1 RETURNING 1)
+        UPDATE accounts SET balance = 90 WHERE account_id = $2 RETURNING 1""", a, b)
+    broken = payauth(env, "verify")
+    assert broken.returncode == 1
+    failed = [line for line in broken.stdout.splitlines() if line.startswith("FAIL")]
+    assert len(failed) == 1, broken.stdout
+    assert "applies only to an original of its account" in failed[0]
+    assert f"R1 of {a} applied 10 to X1 of {b}" in failed[0]
+
+
 def test_verify_names_a_ledger_entry_and_a_hold_of_no_account(env: stack.Env) -> None:
     """No foreign key refuses them (migration 015): the writers never write them, and verify
     names one if anything else did."""

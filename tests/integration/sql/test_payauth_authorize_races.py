@@ -6,8 +6,10 @@ before its hold and the hold decided by another batch, at the same point; two pu
 one card with room in its limit for one; a card frozen, and a limit loaded, while a batch
 decides for its account; a batch naming a hold of an account it has not locked while that
 hold's batch is open; a claim lost to a batch still open, which costs its own message and
-not the batch; and the first race many times over through two stores, as two workers'
-batches meet."""
+not the batch; an original of another account committed while a batch decides a reversal
+or clearing that names it (found a mismatch, or not found at all, never released or
+credited on the wrong account); and the first race many times over through two stores, as
+two workers' batches meet."""
 
 from __future__ import annotations
 
@@ -16,11 +18,13 @@ import uuid
 from decimal import Decimal
 from typing import Any
 
+import asyncpg
 import pytest
 
 from service.adapters.postgres import PostgresStore
 from service.domain.messages import Authorization, decode_authorization
 from service.ops import cards, limits
+from service.ops.verify import report, verify
 from tests.support import stack
 from tests.support.factory import auth_message, authorization, encode
 from tests.support.held_open import HeldOpenStore, command_while_a_batch_decides
@@ -302,3 +306,77 @@ def test_a_batch_never_waits_for_a_hold_of_an_account_it_has_not_locked(
     else:
         assert named.decline_reason is not None
         assert named.decline_reason.value == "HOLD_NOT_ACTIVE"
+
+
+_PAUSE_KEY = 4_113_001  # the advisory lock the wrapped payauth_mismatch waits on
+
+
+def _mismatch_pauses_after_asking(env: stack.Env, original: str) -> None:
+    """``payauth_mismatch``, asked of ``original``, answers as shipped and then waits for the
+    test's advisory lock: whatever commits meanwhile, the batch asking has seen nothing of."""
+    stack.fetch(env.dsn, """
+        ALTER FUNCTION payauth_mismatch(text, text, text, numeric, text, numeric, text)
+              RENAME TO payauth_mismatch_as_shipped""")
+    stack.fetch(env.dsn, f"""
+        CREATE FUNCTION payauth_mismatch(k text, a text, c text, n numeric, bc text,
+                                         bn numeric, o text) RETURNS text
+        LANGUAGE plpgsql AS $$
+        DECLARE why text := payauth_mismatch_as_shipped(k, a, c, n, bc, bn, o);
+        BEGIN
+            IF o = '{original}' THEN
+                PERFORM pg_advisory_xact_lock({_PAUSE_KEY});
+            END IF;
+            RETURN why;
+        END $$""")
+
+
+@pytest.mark.parametrize("kind,original_kind", [("REVERSAL", "AUTHORIZATION"),
+                                                ("REVERSAL", "PURCHASE"),
+                                                ("CLEARING", "AUTHORIZATION")])
+def test_an_original_of_another_account_decided_meanwhile_moves_nothing_of_it(
+        env: stack.Env, kind: str, original_kind: str) -> None:
+    """1. A batch of account A (a hold of its own active) decides a REVERSAL or CLEARING of
+    X, not known yet: payauth_mismatch finds nothing to refuse. 2. Before that batch reads
+    X itself, another batch commits X on account B. 3. The first batch goes on: it must not
+    release B's hold nor credit A with B's purchase (X is of another account); every
+    invariant of ``payauth verify`` holds after both."""
+    run = uuid.uuid4().hex[:6]
+    a, b = f"RACE-A-{run}", f"RACE-B-{run}"
+    asyncio.run(stack.seed_accounts(env.dsn, [(a, "100.00", "EUR"), (b, "100.00", "EUR")]))
+    x = authorization(f"X-{run}", b, "10.00", kind=original_kind)
+    _mismatch_pauses_after_asking(env, x.transaction_id)
+
+    async def scenario() -> tuple[Any, Any]:
+        pausing = await asyncpg.connect(env.dsn)
+        first_store = await PostgresStore.connect(env.dsn)
+        other = await PostgresStore.connect(env.dsn)
+        try:
+            await stack.authorize_in_order(other, [
+                authorization(f"HA-{run}", a, "50.00", kind="AUTHORIZATION")])
+            await pausing.execute("SELECT pg_advisory_lock($1)", _PAUSE_KEY)
+            first = asyncio.create_task(stack.authorize_in_order(first_store, [
+                authorization(f"N-{run}", a, "10.00", kind=kind,
+                              original=x.transaction_id)]))
+            await stack.until_a_lock_is_awaited(env.dsn)  # asked, and paused
+            [placed] = await asyncio.wait_for(stack.authorize_in_order(other, [x]), 10)
+            assert not first.done()
+            await pausing.execute("SELECT pg_advisory_unlock($1)", _PAUSE_KEY)
+            [named] = await asyncio.wait_for(first, 10)
+            return placed, named
+        finally:
+            await pausing.close()
+            await first_store.close()
+            await other.close()
+
+    placed, named = asyncio.run(scenario())
+    assert placed.result.value == "APPROVED"
+    assert named.mismatch is None  # what it saw: X not known yet
+    [b_row] = stack.fetch(env.dsn, "SELECT balance, held FROM accounts WHERE account_id = $1", b)
+    debited = Decimal("10.00") if original_kind == "PURCHASE" else Decimal("0")
+    assert (b_row["balance"], b_row["held"]) == (Decimal("100.00") - debited,
+                                                 Decimal("10.00") - debited)
+    text, ok = report(asyncio.run(verify(env.dsn)))
+    assert ok, text
+    assert stack.fetch(env.dsn, "SELECT amount_applied FROM lifecycle_messages "
+                                "WHERE txn_id = $1", named.transaction_id
+                       )[0]["amount_applied"] in (None, Decimal("0"))
