@@ -27,24 +27,28 @@
 --      currency; every message that names an original names a hold found, or an
 --      AUTHORIZATION/ADVICE earlier in the batch, of its own account; no hold placed twice.
 --      (The route finds the second and third itself, from the accounts and holds it reads
---      anyway, and hands a batch without them back, SQLSTATE PAOFF, before it writes
---      anything: the loop decides it then.)
+--      anyway, and hands the accounts of the messages without them back, SQLSTATE PAOFF,
+--      before it writes anything: the batch is split then.)
 --    * each (payauth_authorize_each): anything else (an orphan kept or applied, a clearing
 --      before its hold kept or applied, a reversal of a purchase, a LIFECYCLE_MISMATCH, an
 --      advice or clearing of an unknown account or with no amount in its currency, an
 --      increment of an unknown hold, a hold placed again, a reversal that gives back to a
 --      spending limit before a message of its account that a limit may count), one message
---      at a time; it holds
---      every rule, the others the common cases of them (integration/sql/
---      test_payauth_authorize.py holds the routes to the same rows).
--- 3. The route decides in offset order with the one rule (payauth_decide), claims each
---    transaction_id under the primary key of processed_transactions (txn_id, the period),
---    writes the ledger, the holds and the dedup records with the inputs each decision read,
---    and moves the balances. A key of these tables that another replica wrote first is
---    violated: the route's writes are undone, the keys of the batch decided meanwhile are
---    answered lost, and the rest decided again, from step 2, the accounts still locked
---    (one lost claim costs its own message, not the batch). A key violated that no
---    decision holds: SQLSTATE PA409, the whole statement rolled back.
+--      at a time; it holds every rule, the others the common cases of them (integration/
+--      sql/test_payauth_authorize.py holds the routes to the same rows).
+--    * split: a batch with such messages among others. The loop decides the messages of
+--      the accounts that need it (payauth_loop_accounts), the lifecycle route the rest,
+--      in the same statement; the rows come back in the batch's order. (A backlog's
+--      batches are large: one such message would otherwise send hundreds to the loop.)
+-- 3. The route decides in offset order (split: each account's messages in their order)
+--    with the one rule (payauth_decide), claims each transaction_id under the primary key
+--    of processed_transactions (txn_id, the period), writes the ledger, the holds and the
+--    dedup records with the inputs each decision read, and moves the balances. A key of
+--    these tables that another replica wrote first is violated: the route's writes are
+--    undone, the keys of the batch decided meanwhile are answered lost, and the rest
+--    decided again, from step 2, the accounts still locked (one lost claim costs its own
+--    message, not the batch). A key violated that no decision holds: SQLSTATE PA409, the
+--    whole statement rolled back.
 --
 -- First a row for each claim lost (claim_lost: its transaction_id, every other column
 -- NULL; nothing of it written here: the worker looks it up again). Then one row per
@@ -104,6 +108,10 @@ DECLARE
     failure      text;  -- its SQLSTATE
     lost         text[];     -- keys of the batch another transaction decided first
     kept         integer[];  -- the positions of the messages left to decide
+    slow         text[];     -- on route split: the accounts whose messages the loop decides
+    one_by_one   integer[];  -- their messages' positions
+    fast         integer[];  -- and the others', which the lifecycle route decides
+    off          text;       -- the accounts the lifecycle route handed back (an array's text)
 BEGIN
     IF n = 0 THEN
         RETURN;
@@ -155,6 +163,7 @@ BEGIN
         p_times := payauth_elements(p_times, kept);
         lost := '{}';
         route := NULL;
+        slow := NULL;
     END IF;
 
     -- (The purchases route is chosen in the fewest steps: it is the common batch's, and
@@ -177,7 +186,7 @@ BEGIN
         -- amount in its currency, and an original that is neither a hold of the message's
         -- account nor an AUTHORIZATION or ADVICE of it earlier in the batch, are found by
         -- the lifecycle route itself, from the accounts and holds it reads anyway: it hands
-        -- such a batch back, SQLSTATE PAOFF, and the loop decides it, below.)
+        -- their accounts back, SQLSTATE PAOFF, and the batch is split, below.)
         -- A reversal that gives back to a spending limit (of an original a limit counted, or
         -- of one a limit may count earlier in the batch: placed, or incremented) before a
         -- message of its account that a limit may count: that one must see the usage given
@@ -220,6 +229,24 @@ BEGIN
     END;
     END IF;
     END IF;
+    -- Only the accounts that need the loop go there: the rest of the batch is decided
+    -- set-based beside them, by the lifecycle route (payauth_loop_accounts: which, and why
+    -- the accounts may be split so). A batch where none is left for one side or the other
+    -- is decided whole by its route.
+    IF route = 'each' AND slow IS NULL THEN
+        slow := payauth_loop_accounts(p_txn_ids, p_account_ids, p_auth_types, p_originals,
+                                      p_card_ids);
+        route := 'split';
+    END IF;
+    IF route = 'split' THEN
+        one_by_one := ARRAY(SELECT t.i FROM unnest(p_account_ids) WITH ORDINALITY AS t(acct, i)
+                             WHERE t.acct = ANY(slow) ORDER BY t.i);
+        fast := ARRAY(SELECT t.i FROM unnest(p_account_ids) WITH ORDINALITY AS t(acct, i)
+                       WHERE t.acct <> ALL(slow) ORDER BY t.i);
+        IF one_by_one = '{}' OR fast = '{}' THEN
+            route := 'each';
+        END IF;
+    END IF;
 
     -- (The routes write without ON CONFLICT, whose speculative insertion per row cost a
     -- sixth of a purchase: a key another transaction claimed or wrote first is violated
@@ -254,6 +281,73 @@ BEGIN
                    p_offsets, p_processed_at, p_source_topic, p_batch_id, p_originals,
                    p_billing_amounts, p_billing_currencies, p_partial_ok, p_final,
                    p_card_ids, p_categories, p_countries, p_times, p_tz) l;
+    ELSIF route = 'split' THEN
+        -- (Each route decides its own accounts' messages in their order; the rows are put
+        -- back in the batch's order by position.)
+        RETURN QUERY
+        SELECT x.result, x.decline_reason, x.amount_applied, x.forced, x.orphan, x.mismatch,
+               x.balance_delta, x.held_delta, x.approved, x.partial, x.ledger_balance,
+               x.available_balance, x.account_currency, x.already_cleared, x.applied_ids,
+               x.applied_amounts, x.applied_correlations, x.card_status, x.limit_id,
+               NULL::text
+          FROM (SELECT fast[l.ordinality], l.result, l.decline_reason, l.amount_applied,
+                       l.forced, l.orphan, l.mismatch, l.balance_delta, l.held_delta,
+                       l.approved, l.partial, l.ledger_balance, l.available_balance,
+                       l.account_currency, l.already_cleared, NULL::text[], NULL::text[],
+                       NULL::text[], l.card_status, l.limit_id
+                  FROM payauth_authorize_lifecycle(
+                           payauth_elements(p_txn_ids, fast),
+                           payauth_elements(p_account_ids, fast),
+                           payauth_elements(p_amounts, fast),
+                           payauth_elements(p_currencies, fast),
+                           payauth_elements(p_auth_types, fast),
+                           payauth_elements(p_fingerprints, fast),
+                           payauth_elements(p_correlation_ids, fast),
+                           payauth_elements(p_message_ids, fast),
+                           payauth_elements(p_partitions, fast),
+                           payauth_elements(p_offsets, fast), p_processed_at,
+                           p_source_topic, p_batch_id, payauth_elements(p_originals, fast),
+                           payauth_elements(p_billing_amounts, fast),
+                           payauth_elements(p_billing_currencies, fast),
+                           payauth_elements(p_partial_ok, fast),
+                           payauth_elements(p_final, fast),
+                           payauth_elements(p_card_ids, fast),
+                           payauth_elements(p_categories, fast),
+                           payauth_elements(p_countries, fast),
+                           payauth_elements(p_times, fast), p_tz) WITH ORDINALITY l
+                UNION ALL
+                SELECT one_by_one[e.ordinality], e.result, e.decline_reason,
+                       e.amount_applied, e.forced, e.orphan, e.mismatch, e.balance_delta,
+                       e.held_delta, e.approved, e.partial, e.ledger_balance,
+                       e.available_balance, e.account_currency, e.already_cleared,
+                       e.applied_ids, e.applied_amounts, e.applied_correlations,
+                       e.card_status, e.limit_id
+                  FROM payauth_authorize_each(
+                           payauth_elements(p_txn_ids, one_by_one),
+                           payauth_elements(p_account_ids, one_by_one),
+                           payauth_elements(p_amounts, one_by_one),
+                           payauth_elements(p_currencies, one_by_one),
+                           payauth_elements(p_auth_types, one_by_one),
+                           payauth_elements(p_fingerprints, one_by_one),
+                           payauth_elements(p_correlation_ids, one_by_one),
+                           payauth_elements(p_message_ids, one_by_one),
+                           payauth_elements(p_partitions, one_by_one),
+                           payauth_elements(p_offsets, one_by_one), p_processed_at,
+                           p_source_topic, p_batch_id,
+                           payauth_elements(p_originals, one_by_one),
+                           payauth_elements(p_billing_amounts, one_by_one),
+                           payauth_elements(p_billing_currencies, one_by_one),
+                           payauth_elements(p_partial_ok, one_by_one),
+                           payauth_elements(p_final, one_by_one),
+                           payauth_elements(p_card_ids, one_by_one),
+                           payauth_elements(p_categories, one_by_one),
+                           payauth_elements(p_countries, one_by_one),
+                           payauth_elements(p_times, one_by_one), p_tz) WITH ORDINALITY e
+               ) AS x (pos, result, decline_reason, amount_applied, forced, orphan, mismatch,
+                       balance_delta, held_delta, approved, partial, ledger_balance,
+                       available_balance, account_currency, already_cleared, applied_ids,
+                       applied_amounts, applied_correlations, card_status, limit_id)
+         ORDER BY x.pos;
     ELSE
         RETURN QUERY SELECT e.*, NULL::text FROM payauth_authorize_each(
                    p_txn_ids, p_account_ids, p_amounts, p_currencies, p_auth_types,
@@ -264,11 +358,18 @@ BEGIN
     END IF;
     EXIT decide;
     EXCEPTION
-    WHEN SQLSTATE 'PAOFF' THEN  -- the lifecycle route's: nothing written, the loop decides
-        IF route <> 'lifecycle' THEN
+    WHEN SQLSTATE 'PAOFF' THEN  -- the lifecycle route's: nothing written
+        IF route NOT IN ('lifecycle', 'split') THEN
             RAISE;
         END IF;
-        route := 'each';
+        -- The accounts of its messages off its path go to the loop, with those that
+        -- payauth_loop_accounts sends there (the route choice's, and those an original
+        -- of the batch ties to another account), and the rest to the lifecycle route again.
+        GET STACKED DIAGNOSTICS off = PG_EXCEPTION_DETAIL;
+        slow := coalesce(slow, payauth_loop_accounts(p_txn_ids, p_account_ids, p_auth_types,
+                                                     p_originals, p_card_ids))
+                || coalesce(nullif(off, '')::text[], p_account_ids);
+        route := 'split';
     WHEN unique_violation OR SQLSTATE 'PA409' THEN  -- (the loop's: a write found its key)
         GET STACKED DIAGNOSTICS violated = TABLE_NAME, failure = RETURNED_SQLSTATE;
         IF failure <> 'PA409' AND violated NOT IN ('ledger_entries', 'holds',

@@ -1,13 +1,15 @@
 -- payauth_authorize_lifecycle: payauth_authorize's route for the lifecycle's common path
 -- (sql/payauth_authorize.sql says which batches take it, and calls it with the accounts
 -- locked): no orphan reversal or early clearing waiting. What else its path needs it finds
--- itself, from the accounts and holds it reads anyway, and hands a batch without it back
--- whole, SQLSTATE PAOFF, before writing anything (payauth_authorize then has the loop,
--- payauth_authorize_each, decide it): every original a hold found, or an
+-- itself, from the accounts and holds it reads anyway: every original a hold found, or an
 -- AUTHORIZATION/ADVICE placed earlier in the batch, of the message's own account; every
 -- ADVICE, CLEARING, REVERSAL and INCREMENTAL of a known account with an amount in its
 -- currency (any other kind of an unknown account or with no amount in the account's
--- currency is declined here, by payauth_decide, as the loop declines it).
+-- currency is declined here, by payauth_decide, as the loop declines it). A batch with
+-- messages off that path is handed back before anything is written, SQLSTATE PAOFF, the
+-- accounts of those messages in its DETAIL (an array's text): payauth_authorize then has
+-- the loop, payauth_authorize_each, decide those accounts' messages, and this route the
+-- rest.
 --
 -- Set-based: the batch's accounts and the holds its messages name are read (and the holds
 -- locked) once, every message is decided in offset order in memory (arrays), then each
@@ -66,6 +68,7 @@ DECLARE
     aslot      integer[];  -- each message's account's position in ids
     hkeys      text[];     -- the holds the batch touches: those found, then those it places
     n_found    integer;
+    off        text[] := '{}';  -- the accounts of messages off this route
     hacct      text[];     -- aligned with hkeys
     hcur       text[];
     hkind      text[];
@@ -212,6 +215,9 @@ BEGIN
     -- have been declined: a REVERSAL of it changes nothing, a CLEARING of it is forced, an
     -- INCREMENTAL of it is declined.
     FOR i IN 1..n LOOP
+        -- (The other messages of an account off the path are not decided: the batch is
+        -- handed back after the loop, which finds the other accounts off it.)
+        CONTINUE WHEN off <> '{}' AND p_account_ids[i] = ANY(off);
         j := aslot[i]; kind := p_auth_types[i];
         amt := payauth_account_amount(curs[j], p_currencies[i], p_amounts[i],
                                       p_billing_currencies[i], p_billing_amounts[i]);
@@ -221,24 +227,21 @@ BEGIN
         applied[i] := NULL; forced_[i] := NULL; ended[i] := false; grants[i] := NULL;
         deltas[i] := 0; hdeltas[i] := 0; seen_hold[i] := NULL;
         k := oslot[i];
-        -- Off this route, handed back whole to payauth_authorize (nothing written yet),
-        -- which has the loop decide the batch: a kind that is never declined of an unknown
-        -- account or with no amount in its currency (a decline, a mismatch or an orphan the
-        -- loop words), and an original that is neither a hold of the message's account nor
-        -- an AUTHORIZATION or ADVICE of it earlier in the batch.
-        IF amt IS NULL AND kind IN ('ADVICE', 'REVERSAL', 'CLEARING', 'INCREMENTAL') THEN
-            RAISE EXCEPTION 'no amount of % in its account''s currency', p_txn_ids[i]
-                  USING ERRCODE = 'PAOFF';
-        END IF;
-        IF p_originals[i] IS NOT NULL
-           AND (k IS NULL
-                OR (k <= n_found AND hacct[k] IS DISTINCT FROM p_account_ids[i])
-                OR (k > n_found AND (placer[k - n_found] >= i
-                                     OR p_account_ids[placer[k - n_found]]
-                                        IS DISTINCT FROM p_account_ids[i]))) THEN
-            RAISE EXCEPTION 'the original % of % is no hold of its account before it',
-                            p_originals[i], p_txn_ids[i]
-                  USING ERRCODE = 'PAOFF';
+        -- Off this route, its account's messages handed back to payauth_authorize after
+        -- the loop (nothing written yet), which has the loop decide them: a kind that is
+        -- never declined of an unknown account or with no amount in its currency (a
+        -- decline, a mismatch or an orphan the loop words), and an original that is neither
+        -- a hold of the message's account nor an AUTHORIZATION or ADVICE of it earlier in
+        -- the batch.
+        IF (amt IS NULL AND kind IN ('ADVICE', 'REVERSAL', 'CLEARING', 'INCREMENTAL'))
+           OR (p_originals[i] IS NOT NULL
+               AND (k IS NULL
+                    OR (k <= n_found AND hacct[k] IS DISTINCT FROM p_account_ids[i])
+                    OR (k > n_found AND (placer[k - n_found] >= i
+                                         OR p_account_ids[placer[k - n_found]]
+                                            IS DISTINCT FROM p_account_ids[i])))) THEN
+            off := off || p_account_ids[i];
+            CONTINUE;
         END IF;
         IF kind = 'INCREMENTAL' THEN
             seen_hold[i] := CASE WHEN hlive[k] AND hacct[k] = p_account_ids[i]
@@ -334,6 +337,10 @@ BEGIN
                          THEN p_fingerprints[i] END;
         bals[j] := bals[j] + deltas[i]; helds[j] := helds[j] + hdeltas[i];
     END LOOP;
+    IF off <> '{}' THEN
+        RAISE EXCEPTION 'messages of % are off the lifecycle route', off
+              USING ERRCODE = 'PAOFF', DETAIL = off::text;
+    END IF;
 
     -- The holds placed (as the batch leaves them), then the ones found that it changed: a
     -- conditional UPDATE that finds each still ACTIVE (it is locked: it is).

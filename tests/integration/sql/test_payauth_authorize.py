@@ -609,18 +609,102 @@ def test_each_route_decides_as_the_loop(env: stack.Env) -> None:
                     else "payauth_authorize_each"
                 assert route == want, batch
             # A hold found (placed by a batch before), named by a message of another
-            # account, among messages the lifecycle route would decide: the loop, whole.
+            # account, beside a message the lifecycle route decides: the batch split, the
+            # loop for the account that names it.
             await stack.seed_accounts(env.dsn, [("P-W-ONE", "100.00", "EUR"),
                                                 ("P-W-TWO", "100.00", "EUR")])
             assert await _both(conn, [Msg("P-W1", "P-W-ONE", "AUTHORIZATION", "1.00")]) \
                 == "payauth_authorize_lifecycle"
             assert await _both(conn, [Msg("P-W2", "P-W-ONE", "AUTHORIZATION", "1.00"),
                                       Msg("P-W3", "P-W-TWO", "CLEARING", "1.00", "P-W1")]) \
-                == "payauth_authorize_each"
+                == SPLIT
         finally:
             await conn.close()
 
     asyncio.run(scenario())
+
+
+SPLIT = "payauth_authorize_each,payauth_authorize_lifecycle"  # both, in one statement
+MIXED_ACCOUNTS = [(f"M-{i}", "100000.00" if i else "60.00", "ACTIVE") for i in range(6)]
+
+
+class MixedStream(Stream):
+    """The common path's random batches with messages off it among them, on six accounts:
+    orphan reversals and clearings before their holds (their originals sent later, on
+    their account or another), reversals of purchases, originals of another account,
+    increments of no hold, clearings of no account."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__(seed, MIXED_ACCOUNTS)
+        self.promised: list[tuple[str, str, str]] = []  # (txn, account, kind) named already
+        self.purchases: dict[str, str] = {}
+
+    def _message(self) -> Msg:
+        rng = self.rng
+        roll = rng.random()
+        if self.promised and roll < 0.05:  # an original named before it came
+            txn, account, kind = self.promised.pop(rng.randrange(len(self.promised)))
+            if rng.random() < 0.2:  # ... on another account
+                account = rng.choice(self.accounts)[0]
+            if kind == "AUTHORIZATION":
+                self.holds[txn] = account
+            return Msg(txn, account, kind, rng.choice(["30.00", "70.00"]))
+        if roll < 0.09:
+            account = rng.choice(self.accounts)[0]
+            original = f"{self._txn()}-LATER"
+            kind = rng.choice(["PURCHASE", "AUTHORIZATION"])
+            self.promised.append((original, account, kind))
+            if kind == "AUTHORIZATION" and rng.random() < 0.5:
+                return Msg(self._txn(), account, "CLEARING", "10.00", original,
+                           final=rng.choice([False, True]))
+            return Msg(self._txn(), account, "REVERSAL", "10.00", original)
+        if roll < 0.11 and self.purchases:
+            original = rng.choice(sorted(self.purchases))
+            return Msg(self._txn(), self.purchases[original], "REVERSAL", "5.00", original)
+        if roll < 0.12 and self.holds:  # a hold of another account, most likely
+            return Msg(self._txn(), rng.choice(self.accounts)[0], "REVERSAL", "1.00",
+                       rng.choice(sorted(self.holds)))
+        if roll < 0.13:
+            return Msg(self._txn(), rng.choice(self.accounts)[0], "INCREMENTAL", "1.00",
+                       "NO-SUCH-HOLD")
+        if roll < 0.14:
+            return Msg(self._txn(), "M-NOBODY", "CLEARING", "1.00")
+        msg = super()._message()
+        if msg.kind == "PURCHASE":
+            self.purchases[msg.txn] = msg.account
+        return msg
+
+
+def test_a_batch_with_messages_off_the_path_is_split_by_account(env: stack.Env) -> None:
+    """Random batches of the common path on six accounts, with messages among them that
+    only the loop decides: the batch is split (the loop for those messages' accounts, the
+    lifecycle route for the others, in one statement) and decides as the loop decides the
+    whole batch, row for row and table for table."""
+    async def scenario() -> set[str]:
+        for account, balance, status in MIXED_ACCOUNTS:
+            await stack.seed_accounts(env.dsn, [(account, balance, "EUR")], status=status)
+        conn = await asyncpg.connect(env.dsn)
+        try:
+            await conn.execute("SET track_functions = 'pl'")
+            # An original of the batch named first by another account's reversal (the loop:
+            # an orphan, voided by its original after it; never a mismatch): both accounts
+            # to the loop, the third to the lifecycle route.
+            assert await _both(conn, [Msg("M-T1", "M-1", "REVERSAL", "1.00", "M-T2"),
+                                      Msg("M-T2", "M-2", "AUTHORIZATION", "5.00"),
+                                      Msg("M-T3", "M-3", "AUTHORIZATION", "5.00")]) == SPLIT
+            # Two accounts off the lifecycle route, found in one pass: both to the loop.
+            assert await _both(conn, [Msg("M-T4", "M-NOBODY", "CLEARING", "1.00"),
+                                      Msg("M-T5", "M-1", "INCREMENTAL", "1.00", "NO-HOLD"),
+                                      Msg("M-T6", "M-2", "AUTHORIZATION", "5.00"),
+                                      Msg("M-T7", "M-1", "AUTHORIZATION", "5.00")]) == SPLIT
+            stream = MixedStream(seed=7)
+            return {await _both(conn, [stream.message() for _ in range(size)])
+                    for size in [5, 20, 60, 150] * 4}
+        finally:
+            await conn.close()
+
+    routes = asyncio.run(scenario())
+    assert SPLIT in routes, routes
 
 
 CONTROLS_ACCOUNTS = [("Q-RICH", "100000.00", "ACTIVE"), ("Q-POOR", "50.00", "ACTIVE"),
