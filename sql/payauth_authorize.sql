@@ -34,8 +34,8 @@
 --      advice or clearing of an unknown account or with no amount in its currency, an
 --      increment of an unknown hold, a hold placed again, a reversal that gives back to a
 --      spending limit before a message of its account that a limit may count), one message
---      at a time; it holds every rule, the others the common cases of them (integration/
---      sql/test_payauth_authorize.py holds the routes to the same rows).
+--      at a time; it holds every rule, the others the common cases of them
+--      (integration/sql/test_payauth_authorize.py holds the routes to the same rows).
 --    * split: a batch with such messages among others. The loop decides the messages of
 --      the accounts that need it (payauth_loop_accounts), the lifecycle route the rest,
 --      in the same statement; the rows come back in the batch's order. (A backlog's
