@@ -17,6 +17,7 @@
 --    two batches never deadlock). From here on nothing of these accounts changes under the
 --    batch, and whatever another batch wrote of them is committed and seen: an orphan
 --    reversal kept by a batch still open on the same account is waited for, not missed.
+--    An account not there stays so until the batch commits (payauth_accounts_fence).
 -- 2. Choose the route, from what is locked (the only place a route is chosen):
 --    * purchases (payauth_authorize_purchases): only PURCHASE, REFUND, VERIFICATION and
 --      BALANCE_INQUIRY (partial approvals and conversions among them), and no orphan
@@ -112,6 +113,7 @@ DECLARE
     one_by_one   integer[];  -- their messages' positions
     fast         integer[];  -- and the others', which the lifecycle route decides
     off          text;       -- the accounts the lifecycle route handed back (an array's text)
+    locked       bigint;     -- how many of the batch's accounts were there to lock
 BEGIN
     IF n = 0 THEN
         RETURN;
@@ -126,6 +128,14 @@ BEGIN
 
     PERFORM 1 FROM accounts WHERE account_id = ANY(p_account_ids)
      ORDER BY account_id FOR UPDATE;
+    GET DIAGNOSTICS locked = ROW_COUNT;
+    -- An account named and not there stays so until the batch commits (an insert waits);
+    -- one an insert under way adds is waited for, and locked (payauth_accounts_fence).
+    IF locked < (SELECT count(DISTINCT a.id) FROM unnest(p_account_ids) AS a(id)) THEN
+        PERFORM payauth_accounts_fence(false);
+        PERFORM 1 FROM accounts WHERE account_id = ANY(p_account_ids)
+         ORDER BY account_id FOR UPDATE;
+    END IF;
 
     <<decide>>
     LOOP

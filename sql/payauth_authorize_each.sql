@@ -276,7 +276,8 @@ BEGIN
                        LEFT JOIN lifecycle_messages m ON m.txn_id = r.txn_id
                       WHERE r.original_txn_id = txn AND r.state = 'WAITING'
                       ORDER BY r.arrived_at, r.txn_id FOR UPDATE OF r LOOP
-                IF res <> 'APPROVED' OR kind <> 'PURCHASE' OR o.account_id <> acct THEN
+                IF res <> 'APPROVED' OR kind <> 'PURCHASE' OR o.account_id <> acct
+                   OR o.currency::text IS DISTINCT FROM a.currency THEN
                     UPDATE orphan_reversals SET state = 'VOID', applied = 0, resolved_at = now()
                      WHERE txn_id = o.txn_id;
                 ELSE
@@ -306,7 +307,8 @@ BEGIN
                        LEFT JOIN lifecycle_messages m ON m.txn_id = r.txn_id
                       WHERE r.original_txn_id = txn AND r.state = 'WAITING'
                       ORDER BY r.arrived_at, r.txn_id FOR UPDATE OF r LOOP
-                IF res <> 'APPROVED' OR o.account_id <> acct THEN
+                IF res <> 'APPROVED' OR o.account_id <> acct
+                   OR o.currency::text IS DISTINCT FROM a.currency THEN
                     UPDATE orphan_reversals SET state = 'VOID', applied = 0, resolved_at = now()
                      WHERE txn_id = o.txn_id;
                 ELSE

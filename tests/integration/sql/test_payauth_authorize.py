@@ -190,6 +190,38 @@ def test_a_lost_claim_writes_nothing_of_its_message_and_decides_the_rest(
     assert record["source_partition"] == 0 and entries["n"] <= 1
 
 
+@pytest.mark.parametrize("kind", ["PURCHASE", "AUTHORIZATION"])
+def test_an_orphan_kept_in_another_currency_than_its_account_is_void(env: stack.Env,
+                                                                     kind: str) -> None:
+    """A reversal of 10.00 USD for an account not opened yet is kept in USD; the account is
+    then opened in EUR and its original, 10.00 EUR, approved: the orphan is void (nothing
+    credited or released in EUR for a USD amount), as for an orphan of another account."""
+    run = uuid.uuid4().hex[:6]
+    account = f"FN-LATE-{run}"
+
+    async def scenario() -> list[Any]:
+        store = await PostgresStore.connect(env.dsn)
+        try:
+            [kept] = await stack.authorize_in_order(store, [authorization(
+                f"R-{run}", account, "10.00", "REVERSAL", currency="USD",
+                original=f"O-{run}")])
+            assert kept.orphan
+            await stack.seed_accounts(env.dsn, [(account, "100.00", "EUR")])
+            return await stack.authorize_in_order(store, [
+                authorization(f"O-{run}", account, "10.00", kind)])
+        finally:
+            await store.close()
+
+    [decided] = asyncio.run(scenario())
+    assert decided.result.value == "APPROVED"
+    [orphan] = stack.fetch(env.dsn, "SELECT state, applied FROM orphan_reversals "
+                                    "WHERE txn_id = $1", f"R-{run}")
+    assert (orphan["state"], orphan["applied"]) == ("VOID", Decimal("0"))
+    [row] = stack.fetch(env.dsn, "SELECT balance - held AS available FROM accounts "
+                                 "WHERE account_id = $1", account)
+    assert row["available"] == Decimal("90.00")
+
+
 # A key of the batch already in another table a route writes by transaction_id (its dedup
 # record purged, or another replica's write the lookup missed): the route's INSERT violates
 # it. Where the worker's lookup finds a decision (the ledger, the lifecycle's messages) the

@@ -23,7 +23,7 @@ import pytest
 
 from service.adapters.postgres import PostgresStore
 from service.domain.messages import Authorization, decode_authorization
-from service.ops import cards, limits
+from service.ops import accounts, cards, limits
 from service.ops.verify import report, verify
 from tests.support import stack
 from tests.support.factory import auth_message, authorization, encode
@@ -380,3 +380,60 @@ def test_an_original_of_another_account_decided_meanwhile_moves_nothing_of_it(
     assert stack.fetch(env.dsn, "SELECT amount_applied FROM lifecycle_messages "
                                 "WHERE txn_id = $1", named.transaction_id
                        )[0]["amount_applied"] in (None, Decimal("0"))
+
+
+def test_an_account_added_while_a_batch_decides_it_unknown_waits_for_that_batch(
+        env: stack.Env) -> None:
+    """1. A batch keeps the reversal R of P for account Y, not there yet (an orphan), and
+    stays open. 2. `payauth accounts load` adds Y: it must wait for that batch, or the batch
+    that decides P on Y could miss R (the customer never credited). 3. P, decided after,
+    applies R: Y's balance back where it was."""
+    run = uuid.uuid4().hex[:6]
+    y = f"RACE-Y-{run}"
+    reversal = authorization(f"R-{run}", y, "10.00", kind="REVERSAL", original=f"P-{run}")
+
+    async def load_y() -> Any:
+        return await accounts.load(env.dsn, [accounts.AccountRow(1, y, Decimal("100.00"),
+                                                                 "EUR", "ACTIVE")])
+
+    kept, loaded, [purchase] = command_while_a_batch_decides(
+        env, reversal, load_y, [authorization(f"P-{run}", y, "10.00")])
+    assert kept.orphan and loaded.new == [y]
+    assert purchase.result.value == "APPROVED"
+    [row] = stack.fetch(env.dsn, "SELECT balance FROM accounts WHERE account_id = $1", y)
+    assert row["balance"] == Decimal("100.00")  # debited 10.00, credited back by R
+    text, ok = report(asyncio.run(verify(env.dsn)))
+    assert ok, text
+
+
+def test_a_batch_naming_an_account_being_added_waits_for_it_and_locks_it(
+        env: stack.Env) -> None:
+    """1. An insert into accounts adds Y and stays open. 2. A batch with a purchase on Y (and
+    one on an account already there) must wait for it, not decide Y unknown and then find
+    it, unlocked, in a later read. 3. The insert commits: the purchase is approved on Y."""
+    run = uuid.uuid4().hex[:6]
+    y, x = f"RACE-Y-{run}", f"RACE-X-{run}"
+    asyncio.run(stack.seed_accounts(env.dsn, [(x, "100.00", "EUR")]))
+
+    async def scenario() -> list[Any]:
+        adding = await asyncpg.connect(env.dsn)
+        store = await PostgresStore.connect(env.dsn)
+        try:
+            tx = adding.transaction()
+            await tx.start()
+            await adding.execute("INSERT INTO accounts (account_id, balance, currency) "
+                                 "VALUES ($1, 100.00, 'EUR')", y)
+            deciding = asyncio.create_task(stack.authorize_in_order(store, [
+                authorization(f"PX-{run}", x, "10.00"), authorization(f"PY-{run}", y, "80.00")]))
+            await stack.until_a_lock_is_awaited(env.dsn)
+            assert not deciding.done()
+            await tx.commit()
+            return await asyncio.wait_for(deciding, 10)
+        finally:
+            await adding.close()
+            await store.close()
+
+    on_x, on_y = asyncio.run(scenario())
+    assert on_x.result.value == "APPROVED" and on_y.result.value == "APPROVED"
+    [row] = stack.fetch(env.dsn, "SELECT balance FROM accounts WHERE account_id = $1", y)
+    assert row["balance"] == Decimal("20.00")
