@@ -40,7 +40,8 @@ AS $$
           FROM unnest(p_auth_types, p_originals, p_account_ids)
                    WITH ORDINALITY AS t(kind, orig, acct, ord)
           JOIN (SELECT l.acct, max(l.ord) AS last
-                  FROM unnest(p_auth_types, p_account_ids) WITH ORDINALITY AS l(kind, acct, ord)
+                  FROM unnest(p_auth_types, p_account_ids)
+                           WITH ORDINALITY AS l(kind, acct, ord)
                  WHERE l.kind IN ('PURCHASE', 'AUTHORIZATION', 'INCREMENTAL', 'ADVICE')
                  GROUP BY l.acct) c ON c.acct = t.acct AND c.last > t.ord
          WHERE t.kind = 'REVERSAL'
