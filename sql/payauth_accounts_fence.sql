@@ -4,9 +4,12 @@
 -- committed in between would be found by those reads without being locked (decided on,
 -- written for, by two batches at once). So every INSERT into accounts takes this fence
 -- exclusively first (the trigger accounts_added_behind_the_fence, migration 027), and a
--- batch that names an account not there takes it shared, then locks again what it names:
+-- batch that names an account not there takes it shared, then counts what it names again:
 --
--- * an insert under way (uncommitted) is waited for, and the account it adds is locked;
+-- * an insert under way (uncommitted) is waited for; an account it added, or one another
+--   insert committed since the batch locked, would be locked out of account_id order (a
+--   deadlock with a batch that locked it in order): the batch is refused, SQLSTATE 40001,
+--   and the worker's retry locks it in order;
 -- * an insert that comes later waits until the batch has committed, having treated the
 --   account as unknown all through (an orphan reversal it kept is then seen by the batch
 --   that decides its original on the new account).

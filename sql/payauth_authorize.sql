@@ -17,7 +17,8 @@
 --    two batches never deadlock). From here on nothing of these accounts changes under the
 --    batch, and whatever another batch wrote of them is committed and seen: an orphan
 --    reversal kept by a batch still open on the same account is waited for, not missed.
---    An account not there stays so until the batch commits (payauth_accounts_fence).
+--    An account not there stays so until the batch commits (payauth_accounts_fence; one
+--    added while the batch locked is refused, SQLSTATE 40001, and retried).
 -- 2. Choose the route, from what is locked (the only place a route is chosen):
 --    * purchases (payauth_authorize_purchases): only PURCHASE, REFUND, VERIFICATION and
 --      BALANCE_INQUIRY (partial approvals and conversions among them), and no orphan
@@ -129,12 +130,17 @@ BEGIN
     PERFORM 1 FROM accounts WHERE account_id = ANY(p_account_ids)
      ORDER BY account_id FOR UPDATE;
     GET DIAGNOSTICS locked = ROW_COUNT;
-    -- An account named and not there stays so until the batch commits (an insert waits);
-    -- one an insert under way adds is waited for, and locked (payauth_accounts_fence).
+    -- An account named and not there stays so until the batch commits: an insert waits
+    -- (payauth_accounts_fence). One an insert added before the fence was taken here (under
+    -- way, waited for, or just committed) would be locked out of account_id order, which
+    -- could deadlock with a batch that locked it in order: the statement is refused
+    -- instead, and the worker's retry locks it in order.
     IF locked < (SELECT count(DISTINCT a.id) FROM unnest(p_account_ids) AS a(id)) THEN
         PERFORM payauth_accounts_fence(false);
-        PERFORM 1 FROM accounts WHERE account_id = ANY(p_account_ids)
-         ORDER BY account_id FOR UPDATE;
+        IF (SELECT count(*) FROM accounts WHERE account_id = ANY(p_account_ids)) > locked THEN
+            RAISE EXCEPTION 'an account of the batch was added while it locked its accounts'
+                  USING ERRCODE = '40001', HINT = 'retried: it is locked in order then';
+        END IF;
     END IF;
 
     <<decide>>
@@ -249,10 +255,11 @@ BEGIN
         route := 'split';
     END IF;
     IF route = 'split' THEN
+        -- (A NULL account, or one compared with a NULL, goes to the loop: never to neither.)
         one_by_one := ARRAY(SELECT t.i FROM unnest(p_account_ids) WITH ORDINALITY AS t(acct, i)
-                             WHERE t.acct = ANY(slow) ORDER BY t.i);
+                             WHERE coalesce(t.acct = ANY(slow), true) ORDER BY t.i);
         fast := ARRAY(SELECT t.i FROM unnest(p_account_ids) WITH ORDINALITY AS t(acct, i)
-                       WHERE t.acct <> ALL(slow) ORDER BY t.i);
+                       WHERE NOT coalesce(t.acct = ANY(slow), true) ORDER BY t.i);
         IF one_by_one = '{}' OR fast = '{}' THEN
             route := 'each';
         END IF;

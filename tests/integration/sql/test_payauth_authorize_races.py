@@ -22,6 +22,7 @@ import asyncpg
 import pytest
 
 from service.adapters.postgres import PostgresStore
+from service.core.ports import TransientError
 from service.domain.messages import Authorization, decode_authorization
 from service.ops import accounts, cards, limits
 from service.ops.verify import report, verify
@@ -406,11 +407,13 @@ def test_an_account_added_while_a_batch_decides_it_unknown_waits_for_that_batch(
     assert ok, text
 
 
-def test_a_batch_naming_an_account_being_added_waits_for_it_and_locks_it(
+def test_a_batch_naming_an_account_being_added_waits_for_it_then_is_retried(
         env: stack.Env) -> None:
     """1. An insert into accounts adds Y and stays open. 2. A batch with a purchase on Y (and
     one on an account already there) must wait for it, not decide Y unknown and then find
-    it, unlocked, in a later read. 3. The insert commits: the purchase is approved on Y."""
+    it, unlocked, in a later read. 3. The insert commits: the batch is refused as a
+    transient error (locking Y now would be out of order), and the retry, which locks Y in
+    order, approves the purchase on Y."""
     run = uuid.uuid4().hex[:6]
     y, x = f"RACE-Y-{run}", f"RACE-X-{run}"
     asyncio.run(stack.seed_accounts(env.dsn, [(x, "100.00", "EUR")]))
@@ -428,7 +431,10 @@ def test_a_batch_naming_an_account_being_added_waits_for_it_and_locks_it(
             await stack.until_a_lock_is_awaited(env.dsn)
             assert not deciding.done()
             await tx.commit()
-            return await asyncio.wait_for(deciding, 10)
+            with pytest.raises(TransientError):
+                await asyncio.wait_for(deciding, 10)
+            return await stack.authorize_in_order(store, [
+                authorization(f"PX-{run}", x, "10.00"), authorization(f"PY-{run}", y, "80.00")])
         finally:
             await adding.close()
             await store.close()
@@ -437,3 +443,31 @@ def test_a_batch_naming_an_account_being_added_waits_for_it_and_locks_it(
     assert on_x.result.value == "APPROVED" and on_y.result.value == "APPROVED"
     [row] = stack.fetch(env.dsn, "SELECT balance FROM accounts WHERE account_id = $1", y)
     assert row["balance"] == Decimal("20.00")
+
+
+def test_a_role_that_may_insert_accounts_takes_the_fence_whatever_its_grants(
+        env: stack.Env) -> None:
+    """The fence's trigger runs as its owner: a loader role with INSERT on accounts alone
+    (no grant on the fence's function) adds an account."""
+    role = f"payauth_loader_{uuid.uuid4().hex[:8]}"
+    account = f"RACE-L-{uuid.uuid4().hex[:6]}"
+    stack.fetch(env.dsn, f"CREATE ROLE {role} NOLOGIN")
+    try:
+        stack.fetch(env.dsn, f"GRANT INSERT ON accounts TO {role}")
+
+        async def insert_as_loader() -> None:
+            conn = await asyncpg.connect(env.dsn)
+            try:
+                async with conn.transaction():
+                    await conn.execute(f"SET LOCAL ROLE {role}")
+                    await conn.execute("INSERT INTO accounts (account_id, balance, currency) "
+                                       "VALUES ($1, 5.00, 'EUR')", account)
+            finally:
+                await conn.close()
+
+        asyncio.run(insert_as_loader())
+        assert stack.fetch(env.dsn, "SELECT balance FROM accounts WHERE account_id = $1",
+                           account)[0]["balance"] == Decimal("5.00")
+    finally:
+        stack.fetch(env.dsn, f"REVOKE ALL ON accounts FROM {role}")
+        stack.fetch(env.dsn, f"DROP ROLE {role}")
