@@ -17,8 +17,8 @@
 --    two batches never deadlock). From here on nothing of these accounts changes under the
 --    batch, and whatever another batch wrote of them is committed and seen: an orphan
 --    reversal kept by a batch still open on the same account is waited for, not missed.
---    An account not there stays so until the batch commits (payauth_accounts_fence; one
---    added while the batch locked is refused, SQLSTATE 40001, and retried).
+--    An account not there stays so until the batch commits (payauth_accounts_fence; a
+--    batch that finds one added while it locked is refused, SQLSTATE 40001, and retried).
 -- 2. Choose the route, from what is locked (the only place a route is chosen):
 --    * purchases (payauth_authorize_purchases): only PURCHASE, REFUND, VERIFICATION and
 --      BALANCE_INQUIRY (partial approvals and conversions among them), and no orphan

@@ -1,8 +1,8 @@
 -- payauth_loop_accounts: the accounts of a batch whose messages only the loop
 -- (payauth_authorize_each) decides, one at a time; payauth_authorize has a set-based route
--- decide the rest of the batch beside them. Asked only of a batch that the route's choice
--- sent to the loop (a message of one of these kinds in it), with the batch's accounts
--- locked: the accounts of
+-- decide the rest of the batch beside them. Asked of a batch that the route's choice sent
+-- to the loop, or whose lifecycle route handed accounts back (SQLSTATE PAOFF), with the
+-- batch's accounts locked: the accounts of
 --
 -- * a message an orphan reversal or a clearing that came before it waits for;
 -- * a REVERSAL that gives back to a spending limit (of an original a limit counted, or of
