@@ -211,7 +211,7 @@ BEGIN
 
     -- Decide in offset order, in memory: each message sees the balances and holds the ones
     -- before it left. Every original is a hold found or one the batch placed earlier, of
-    -- the message's account (the batch is handed back otherwise); one placed earlier may
+    -- the message's account (its account is handed back otherwise); one placed earlier may
     -- have been declined: a REVERSAL of it changes nothing, a CLEARING of it is forced, an
     -- INCREMENTAL of it is declined.
     FOR i IN 1..n LOOP
