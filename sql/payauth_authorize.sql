@@ -219,9 +219,9 @@ BEGIN
                               GROUP BY l.acct) c ON c.acct = t.acct AND c.last > t.ord
                       WHERE t.kind = 'REVERSAL'
                         AND (EXISTS (SELECT 1 FROM limit_charges c WHERE c.txn_id = t.orig)
-                             OR ((SELECT EXISTS (SELECT 1 FROM spending_limits l
-                                                  WHERE l.scope_id = ANY(p_account_ids)
-                                                     OR l.scope_id = ANY(p_card_ids)))
+                             OR ((SELECT EXISTS (
+                                    SELECT 1 FROM unnest(p_account_ids || p_card_ids) AS s(id)
+                                      JOIN spending_limits l ON l.scope_id = s.id))
                                  AND EXISTS (SELECT 1 FROM unnest(p_txn_ids, p_auth_types,
                                                                   p_originals)
                                                            WITH ORDINALITY AS e(txn, kind, orig, ord)

@@ -20,9 +20,8 @@ AS $$
     SELECT m.ord, c.status, c.expires_on,
            -- (Asked once for the batch, whether any block is of its accounts or cards: most
            -- batches have none, and then no message probes the blocks.)
-           CASE WHEN (SELECT EXISTS (SELECT 1 FROM card_blocks b
-                                      WHERE b.scope_id = ANY(p_account_ids)
-                                         OR b.scope_id = ANY(p_card_ids)))
+           CASE WHEN (SELECT EXISTS (SELECT 1 FROM unnest(p_account_ids || p_card_ids) AS s(id)
+                                       JOIN card_blocks b ON b.scope_id = s.id))
                 THEN (SELECT array_agg(DISTINCT b.kind ORDER BY b.kind)
                         FROM card_blocks b
                        WHERE b.scope_id IN (m.acct, c.card_id)

@@ -356,7 +356,10 @@ class PostgresStore:
                     # chosen once, from the statistics of the moment: made while the tables
                     # were young, it kept scanning them as they grew (a key lookup slowed by
                     # orders of magnitude within tens of thousands of rows). Planning
-                    # costs little, a few times per batch.
+                    # costs little, a few times per batch, as long as no statement compares
+                    # a column whose values repeat with a batch's array (= ANY: each element
+                    # is estimated against the column's most common values;
+                    # sql/payauth_batch_controls.sql joins the array instead).
                     "plan_cache_mode": "force_custom_plan",
                     # No JIT compilation: a batch's statements run for milliseconds, and a
                     # plan costed high on tables without statistics yet (a period's young
