@@ -13,13 +13,18 @@ CREATE OR REPLACE FUNCTION payauth_limits_counted(
 ) RETURNS TABLE (under text[], txn text[], lim text[], start date[], amount numeric[])
 LANGUAGE sql IMMUTABLE
 AS $$
-    SELECT array_agg(CASE WHEN m.kind = 'INCREMENTAL' THEN m.orig ELSE m.txn END ORDER BY q.k),
-           array_agg(m.txn ORDER BY q.k), array_agg(q.lim ORDER BY q.k),
-           array_agg(q.start ORDER BY q.k), array_agg(q.g ORDER BY q.k)
-      FROM unnest(p_msg, p_limit, p_start, p_granted) WITH ORDINALITY AS q(i, lim, start, g, k)
-      JOIN unnest(p_txn_ids, p_auth_types, p_originals) WITH ORDINALITY AS m(txn, kind, orig, ord)
-        ON m.ord = q.i
-     WHERE q.g IS NOT NULL AND q.start IS NOT NULL
+    -- (Aggregated in one pass over rows sorted once: an ORDER BY in each aggregate would
+    -- sort the pairs once per array.)
+    SELECT array_agg(CASE WHEN x.kind = 'INCREMENTAL' THEN x.orig ELSE x.txn END),
+           array_agg(x.txn), array_agg(x.lim), array_agg(x.start), array_agg(x.g)
+      FROM (SELECT m.txn, m.kind, m.orig, q.lim, q.start, q.g
+              FROM unnest(p_msg, p_limit, p_start, p_granted)
+                       WITH ORDINALITY AS q(i, lim, start, g, k)
+              JOIN unnest(p_txn_ids, p_auth_types, p_originals)
+                       WITH ORDINALITY AS m(txn, kind, orig, ord)
+                ON m.ord = q.i
+             WHERE q.g IS NOT NULL AND q.start IS NOT NULL
+             ORDER BY q.k) x
 $$;
 
 REVOKE ALL ON FUNCTION payauth_limits_counted FROM PUBLIC;
