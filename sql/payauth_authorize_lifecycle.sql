@@ -348,10 +348,11 @@ BEGIN
                        state, ended_at, ended_by, released, limited)
     SELECT u.id, u.acct, u.cur, u.kind, u.amt, u.inc, u.rem, u.state,
            CASE WHEN u.state <> 'ACTIVE' THEN now() END, u.by, u.rel, u.lim
-      FROM unnest(hkeys, hacct, hcur, hkind, hamt, hinc, hrem, hstate, hby, hrel, hlive,
-                  hlim)
-               WITH ORDINALITY
-               AS u(id, acct, cur, kind, amt, inc, rem, state, by, rel, live, lim, pos)
+      FROM (SELECT unnest(hkeys) AS id, unnest(hacct) AS acct, unnest(hcur) AS cur,
+                   unnest(hkind) AS kind, unnest(hamt) AS amt, unnest(hinc) AS inc,
+                   unnest(hrem) AS rem, unnest(hstate) AS state, unnest(hby) AS by,
+                   unnest(hrel) AS rel, unnest(hlive) AS live, unnest(hlim) AS lim,
+                   generate_series(1, cardinality(hkeys)) AS pos) u
      WHERE u.pos > n_found AND u.live;
     -- (Each where it was locked, joined by it: a TID scan of each, never a scan of the holds.
     -- Given the choice, the planner read every active hold by their index, for the batch's
@@ -406,15 +407,23 @@ BEGIN
            CASE WHEN t.card IS NOT NULL OR t.blocks IS NOT NULL OR l.lims IS NOT NULL
                 THEN t.country END,
            t.cstat, t.cexp, string_to_array(t.blocks, ','), l.lims, t.lim
-      FROM unnest(p_txn_ids, res, reasons, p_fingerprints, p_account_ids, p_amounts,
-                  p_currencies, p_auth_types, p_correlation_ids, p_message_ids, p_partitions,
-                  p_offsets, seen_bal, seen_stat, seen_cur, p_originals, applied, forced_,
-                  p_billing_amounts, p_billing_currencies, p_partial_ok, grants, p_final,
-                  seen_hold, seen_ledger, p_times, p_card_ids, p_categories, p_countries,
-                  c_status, c_expires, c_blocks, limit_ids) WITH ORDINALITY
-           AS t(txn, res, reason, fp, acct, amt, cur, kind, corr, msg, part, off, bal, stat,
-                acur, orig, applied, forced, bamt, bcur, pok, approved, fin, hold, lb, mtime,
-                card, cat, country, cstat, cexp, blocks, lim, ord)
+      FROM (SELECT unnest(p_txn_ids) AS txn, unnest(res) AS res, unnest(reasons) AS reason,
+                   unnest(p_fingerprints) AS fp, unnest(p_account_ids) AS acct,
+                   unnest(p_amounts) AS amt, unnest(p_currencies) AS cur,
+                   unnest(p_auth_types) AS kind, unnest(p_correlation_ids) AS corr,
+                   unnest(p_message_ids) AS msg, unnest(p_partitions) AS part,
+                   unnest(p_offsets) AS off, unnest(seen_bal) AS bal,
+                   unnest(seen_stat) AS stat, unnest(seen_cur) AS acur,
+                   unnest(p_originals) AS orig, unnest(applied) AS applied,
+                   unnest(forced_) AS forced, unnest(p_billing_amounts) AS bamt,
+                   unnest(p_billing_currencies) AS bcur, unnest(p_partial_ok) AS pok,
+                   unnest(grants) AS approved, unnest(p_final) AS fin,
+                   unnest(seen_hold) AS hold, unnest(seen_ledger) AS lb,
+                   unnest(p_times) AS mtime, unnest(p_card_ids) AS card,
+                   unnest(p_categories) AS cat, unnest(p_countries) AS country,
+                   unnest(c_status) AS cstat, unnest(c_expires) AS cexp,
+                   unnest(c_blocks) AS blocks, unnest(limit_ids) AS lim,
+                   generate_series(1::bigint, cardinality(p_txn_ids)) AS ord) t
       LEFT JOIN payauth_limits_read(pmsg, plimit, pstart, pmax_amt, pmax_cnt, seen_amt,
                                     seen_cnt) l ON l.ord = t.ord;
     INSERT INTO lifecycle_messages
@@ -424,17 +433,20 @@ BEGIN
     SELECT t.txn, t.kind, t.acct, t.amt, t.cur, t.fp, t.orig, t.res, t.reason, t.applied,
            t.forced, NULL, t.ended, t.corr, p_processed_at,
            CASE WHEN t.kind = 'CLEARING' THEN coalesce(t.fin, true) END, t.approved
-      FROM unnest(p_txn_ids, p_auth_types, p_account_ids, p_amounts, p_currencies,
-                  p_fingerprints, p_originals, res, reasons, applied, forced_, ended,
-                  p_correlation_ids, p_final, grants)
-           AS t(txn, kind, acct, amt, cur, fp, orig, res, reason, applied, forced, ended,
-                corr, fin, approved)
+      FROM (SELECT unnest(p_txn_ids) AS txn, unnest(p_auth_types) AS kind,
+                   unnest(p_account_ids) AS acct, unnest(p_amounts) AS amt,
+                   unnest(p_currencies) AS cur, unnest(p_fingerprints) AS fp,
+                   unnest(p_originals) AS orig, unnest(res) AS res, unnest(reasons) AS reason,
+                   unnest(applied) AS applied, unnest(forced_) AS forced,
+                   unnest(ended) AS ended, unnest(p_correlation_ids) AS corr,
+                   unnest(p_final) AS fin, unnest(grants) AS approved) t
      WHERE t.kind IN ('AUTHORIZATION', 'ADVICE', 'REVERSAL', 'CLEARING', 'INCREMENTAL');
     INSERT INTO ledger_entries (txn_id, account_id, amount, currency, type, created_at,
                                 request_fingerprint)
     SELECT t.txn, t.acct, t.delta, t.cur, t.kind, p_processed_at, t.asked
-      FROM unnest(p_txn_ids, p_account_ids, deltas, seen_cur, p_auth_types, asked)
-           AS t(txn, acct, delta, cur, kind, asked)
+      FROM (SELECT unnest(p_txn_ids) AS txn, unnest(p_account_ids) AS acct,
+                   unnest(deltas) AS delta, unnest(seen_cur) AS cur,
+                   unnest(p_auth_types) AS kind, unnest(asked) AS asked) t
      WHERE t.delta <> 0;
     IF judged THEN
         PERFORM payauth_limits_charge(c.under, c.txn, c.lim, c.start, c.amount)
@@ -463,9 +475,13 @@ BEGIN
            CASE WHEN u.kind = 'BALANCE_INQUIRY' AND u.r = 'APPROVED' THEN u.lb::text END,
            CASE WHEN u.kind = 'BALANCE_INQUIRY' AND u.r = 'APPROVED' THEN u.ab::text END,
            u.acur, NULL::text, CASE WHEN u.w = 'CARD_BLOCKED' THEN u.cs END, u.li
-      FROM unnest(res, reasons, applied, forced_, deltas, hdeltas, grants, p_auth_types,
-                  amts, seen_ledger, seen_bal, seen_cur, c_status, limit_ids)
-           WITH ORDINALITY AS u(r, w, a, f, d, h, ap, kind, amt, lb, ab, acur, cs, li, k)
+      FROM (SELECT unnest(res) AS r, unnest(reasons) AS w, unnest(applied) AS a,
+                   unnest(forced_) AS f, unnest(deltas) AS d, unnest(hdeltas) AS h,
+                   unnest(grants) AS ap, unnest(p_auth_types) AS kind, unnest(amts) AS amt,
+                   unnest(seen_ledger) AS lb, unnest(seen_bal) AS ab,
+                   unnest(seen_cur) AS acur, unnest(c_status) AS cs,
+                   unnest(limit_ids) AS li,
+                   generate_series(1::bigint, cardinality(p_txn_ids)) AS k) u
      ORDER BY u.k;
 END
 $$;

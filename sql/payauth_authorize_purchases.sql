@@ -192,21 +192,27 @@ BEGIN
     -- Claim the keys (the primary key serializes replicas: an INSERT of a key another open
     -- transaction inserted waits for it, then violates it), write the ledger, move balances.
     -- (No ON CONFLICT: a speculative insertion per row cost a sixth of the statement.)
+    -- (The arrays are unnested in the select list, in step, as in every statement of the
+    -- routes that reads many: a function in FROM has its rows copied into a tuplestore
+    -- before the first is read, four times the cost; docs/benchmark.md.)
     WITH input AS (
-        SELECT *
-          FROM unnest(p_txn_ids, p_account_ids, p_amounts, p_currencies, p_auth_types,
-                      results, reasons, p_fingerprints, p_correlation_ids, p_message_ids,
-                      deltas, p_partitions, p_offsets, seen_bal, seen_stat, seen_cur,
-                      p_billing_amounts, p_billing_currencies, p_partial_ok, grants,
-                      seen_ledger, asked, limit_ids, c_status, c_expires, c_blocks, p_times,
-                      p_card_ids, p_categories, p_countries)
-               WITH ORDINALITY
-            AS t(txn_id, account_id, amount, currency, auth_type, result, decline_reason,
-                 fingerprint, correlation_id, message_id, delta, source_partition,
-                 source_offset, input_balance, input_status, input_currency, billing_amount,
-                 billing_currency, partial_ok, approved, ledger_balance, asked, limit_id,
-                 card_status, card_expires, blocks, message_time, card_id, category,
-                 country, ord)
+        SELECT unnest(p_txn_ids) AS txn_id, unnest(p_account_ids) AS account_id,
+               unnest(p_amounts) AS amount, unnest(p_currencies) AS currency,
+               unnest(p_auth_types) AS auth_type, unnest(results) AS result,
+               unnest(reasons) AS decline_reason, unnest(p_fingerprints) AS fingerprint,
+               unnest(p_correlation_ids) AS correlation_id,
+               unnest(p_message_ids) AS message_id, unnest(deltas) AS delta,
+               unnest(p_partitions) AS source_partition, unnest(p_offsets) AS source_offset,
+               unnest(seen_bal) AS input_balance, unnest(seen_stat) AS input_status,
+               unnest(seen_cur) AS input_currency, unnest(p_billing_amounts) AS billing_amount,
+               unnest(p_billing_currencies) AS billing_currency,
+               unnest(p_partial_ok) AS partial_ok, unnest(grants) AS approved,
+               unnest(seen_ledger) AS ledger_balance, unnest(asked) AS asked,
+               unnest(limit_ids) AS limit_id, unnest(c_status) AS card_status,
+               unnest(c_expires) AS card_expires, unnest(c_blocks) AS blocks,
+               unnest(p_times) AS message_time, unnest(p_card_ids) AS card_id,
+               unnest(p_categories) AS category, unnest(p_countries) AS country,
+               generate_series(1::bigint, cardinality(p_txn_ids)) AS ord
     ), claimed AS (
         INSERT INTO processed_transactions
                (txn_id, dedup_period, processed_at, result, decline_reason, fingerprint,
@@ -266,9 +272,12 @@ BEGIN
            CASE WHEN u.kind = 'BALANCE_INQUIRY' AND u.r = 'APPROVED' THEN u.lb::text END,
            CASE WHEN u.kind = 'BALANCE_INQUIRY' AND u.r = 'APPROVED' THEN u.ab::text END,
            u.acur, CASE WHEN u.w = 'CARD_BLOCKED' THEN u.cs END, u.li
-      FROM unnest(results, reasons, grants, p_amounts, seen_cur, p_currencies, p_auth_types,
-                  seen_ledger, seen_bal, partials, c_status, limit_ids)
-           WITH ORDINALITY AS u(r, w, a, amount, acur, cur, kind, lb, ab, p, cs, li, k)
+      FROM (SELECT unnest(results) AS r, unnest(reasons) AS w, unnest(grants) AS a,
+                   unnest(p_amounts) AS amount, unnest(seen_cur) AS acur,
+                   unnest(p_currencies) AS cur, unnest(p_auth_types) AS kind,
+                   unnest(seen_ledger) AS lb, unnest(seen_bal) AS ab, unnest(partials) AS p,
+                   unnest(c_status) AS cs, unnest(limit_ids) AS li,
+                   generate_series(1::bigint, cardinality(p_txn_ids)) AS k) u
      ORDER BY u.k;
 END
 $$;
