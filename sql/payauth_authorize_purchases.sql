@@ -192,9 +192,9 @@ BEGIN
     -- Claim the keys (the primary key serializes replicas: an INSERT of a key another open
     -- transaction inserted waits for it, then violates it), write the ledger, move balances.
     -- (No ON CONFLICT: a speculative insertion per row cost a sixth of the statement.)
-    -- (The arrays are unnested in the select list, in step, as in every statement of the
-    -- routes that reads many: a function in FROM has its rows copied into a tuplestore
-    -- before the first is read, four times the cost; docs/benchmark.md.)
+    -- (The arrays are unnested in the select list, in step, not in FROM: a function in FROM
+    -- has all its rows copied into a tuplestore before the first is read, four times the
+    -- cost for thirty arrays; docs/benchmark.md. The lifecycle route does the same.)
     WITH input AS (
         SELECT unnest(p_txn_ids) AS txn_id, unnest(p_account_ids) AS account_id,
                unnest(p_amounts) AS amount, unnest(p_currencies) AS currency,
