@@ -343,9 +343,10 @@ BEGIN
     END IF;
 
     -- The holds placed (as the batch leaves them), then the ones found that it changed: a
-    -- conditional UPDATE that finds each still ACTIVE (it is locked: it is). (The writes
-    -- unnest their arrays in the select list, not in FROM: payauth_authorize_purchases says
-    -- why; the update joins its holds by tid, and keeps its unnest in FROM.)
+    -- conditional UPDATE that finds each still ACTIVE (it is locked: it is). (A statement
+    -- that reads many arrays unnests them in the select list, not in FROM:
+    -- payauth_authorize_purchases says why. The holds' update, joined by tid, and the
+    -- statements of three arrays keep theirs in FROM.)
     INSERT INTO holds (txn_id, account_id, currency, kind, amount, incremented, remaining,
                        state, ended_at, ended_by, released, limited)
     SELECT u.id, u.acct, u.cur, u.kind, u.amt, u.inc, u.rem, u.state,
