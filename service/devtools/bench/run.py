@@ -223,8 +223,8 @@ class Bench:
         env.update(settings or {})
         # Worker settings to try, e.g. BENCH_WORKER_ENV="PAYAUTH_MAX_BATCH_SIZE=1000".
         for pair in os.environ.get("BENCH_WORKER_ENV", "").split():
-            name, _, value = pair.partition("=")
-            env[name] = value
+            variable, _, value = pair.partition("=")
+            env[variable] = value
         return WorkerProcess(env, self.out.parent / f"logs-{self.run}" / f"{name}.log").start()
 
     def uncommitted(self, group: str, topic: str) -> int:
