@@ -190,65 +190,27 @@ BEGIN
                                     WHERE r.state = 'WAITING'
                                       AND r.original_txn_id = ANY(p_txn_ids))
                       THEN 'each' ELSE 'purchases' END;
-    ELSE route := CASE
-        WHEN EXISTS (SELECT 1 FROM orphan_reversals r
-                      WHERE r.state = 'WAITING' AND r.original_txn_id = ANY(p_txn_ids))
-            THEN 'each'
-        -- A clearing that came before a hold of the batch.
-        WHEN EXISTS (SELECT 1 FROM early_clearings e
-                      WHERE e.state = 'WAITING' AND e.original_txn_id = ANY(p_txn_ids))
-            THEN 'each'
+    ELSE
+        -- The accounts whose messages only the loop decides (payauth_loop_accounts, the one
+        -- home of that rule: an orphan reversal or a clearing before its hold waiting, a
+        -- reversal that gives back to a spending limit before a message of its account
+        -- that a limit may count, a transaction_id twice, a hold found already, an
+        -- original of another account). None: the lifecycle route decides the batch.
         -- (An ADVICE, REVERSAL, CLEARING or INCREMENTAL of an unknown account or with no
         -- amount in its currency, and an original that is neither a hold of the message's
         -- account nor an AUTHORIZATION or ADVICE of it earlier in the batch, are found by
         -- the lifecycle route itself, from the accounts and holds it reads anyway: it hands
         -- their accounts back, SQLSTATE PAOFF, and the batch is split, below.)
-        -- A reversal that gives back to a spending limit (of an original a limit counted, or
-        -- of one a limit may count earlier in the batch: placed, or incremented) before a
-        -- message of its account that a limit may count: that one must see the usage given
-        -- back. (Linear in the batch: each account's last counted message is found once;
-        -- whether any limit is of the batch's accounts or cards is asked once.)
-        WHEN EXISTS (SELECT 1
-                       FROM unnest(p_auth_types, p_originals, p_account_ids)
-                                WITH ORDINALITY AS t(kind, orig, acct, ord)
-                       JOIN (SELECT l.acct, max(l.ord) AS last
-                               FROM unnest(p_auth_types, p_account_ids)
-                                        WITH ORDINALITY AS l(kind, acct, ord)
-                              WHERE l.kind IN ('PURCHASE', 'AUTHORIZATION', 'INCREMENTAL',
-                                               'ADVICE')
-                              GROUP BY l.acct) c ON c.acct = t.acct AND c.last > t.ord
-                      WHERE t.kind = 'REVERSAL'
-                        AND (EXISTS (SELECT 1 FROM limit_charges c WHERE c.txn_id = t.orig)
-                             OR ((SELECT EXISTS (
-                                    SELECT 1 FROM unnest(p_account_ids || p_card_ids) AS s(id)
-                                      JOIN spending_limits l ON l.scope_id = s.id))
-                                 AND EXISTS (SELECT 1 FROM unnest(p_txn_ids, p_auth_types,
-                                                                  p_originals)
-                                                           WITH ORDINALITY AS e(txn, kind, orig, ord)
-                                              WHERE e.txn = t.orig
-                                                 OR (e.ord < t.ord AND e.orig = t.orig
-                                                     AND e.kind = 'INCREMENTAL')))))
-            THEN 'each'
-        -- A hold placed twice: in the batch, or found already (PA409, the loop says which).
-        WHEN EXISTS (SELECT 1 FROM unnest(p_txn_ids, p_auth_types) AS t(txn, kind)
-                      WHERE t.kind IN ('AUTHORIZATION', 'ADVICE')
-                      GROUP BY t.txn HAVING count(*) > 1)
-            THEN 'each'
-        -- (Each of the batch's holds probed by its key, a lateral probe: never a scan of
-        -- every hold, whatever the planner guesses of a young table.)
-        WHEN EXISTS (SELECT 1 FROM unnest(p_txn_ids, p_auth_types) AS t(txn, kind)
-                      CROSS JOIN LATERAL (SELECT 1 FROM holds h WHERE h.txn_id = t.txn
-                                           LIMIT 1) h
-                      WHERE t.kind IN ('AUTHORIZATION', 'ADVICE'))
-            THEN 'each'
-        ELSE 'lifecycle'
-    END;
+        slow := payauth_loop_accounts(p_txn_ids, p_account_ids, p_auth_types, p_originals,
+                                      p_card_ids);
+        route := CASE WHEN slow = '{}' THEN 'lifecycle' ELSE 'split' END;
     END IF;
     END IF;
     -- Only the accounts that need the loop go there: the rest of the batch is decided
     -- set-based beside them, by the lifecycle route (payauth_loop_accounts: which, and why
     -- the accounts may be split so). A batch where none is left for one side or the other
-    -- is decided whole by its route.
+    -- is decided whole by its route. (A batch of purchases an orphan reversal waits for
+    -- is split so too.)
     IF route = 'each' AND slow IS NULL THEN
         slow := payauth_loop_accounts(p_txn_ids, p_account_ids, p_auth_types, p_originals,
                                       p_card_ids);

@@ -1,8 +1,10 @@
 -- payauth_loop_accounts: the accounts of a batch whose messages only the loop
 -- (payauth_authorize_each) decides, one at a time; payauth_authorize has a set-based route
--- decide the rest of the batch beside them. Asked of a batch that the route's choice sent
--- to the loop, or whose lifecycle route handed accounts back (SQLSTATE PAOFF), with the
--- batch's accounts locked: the accounts of
+-- decide the rest of the batch beside them. Asked by payauth_authorize, with the batch's
+-- accounts locked, of every batch that is not of purchases alone (its route's choice: none
+-- such, the lifecycle route decides the batch), of a batch of purchases an orphan reversal
+-- waits for, and of a batch whose lifecycle route handed accounts back (SQLSTATE PAOFF):
+-- the accounts of
 --
 -- * a message an orphan reversal or a clearing that came before it waits for;
 -- * a REVERSAL that gives back to a spending limit (of an original a limit counted, or of
@@ -36,6 +38,8 @@ AS $$
             OR EXISTS (SELECT 1 FROM early_clearings e
                         WHERE e.original_txn_id = t.txn AND e.state = 'WAITING')
         UNION ALL
+        -- (Linear in the batch: each account's last counted message is found once; whether
+        -- any limit is of the batch's accounts or cards is asked once.)
         SELECT t.acct
           FROM unnest(p_auth_types, p_originals, p_account_ids)
                    WITH ORDINALITY AS t(kind, orig, acct, ord)
@@ -59,6 +63,8 @@ AS $$
          WHERE t.txn IN (SELECT d.txn FROM unnest(p_txn_ids) AS d(txn)
                           GROUP BY d.txn HAVING count(*) > 1)
         UNION ALL
+        -- (Each of the batch's holds probed by its key, a lateral probe: never a scan of
+        -- every hold, whatever the planner guesses of a young table.)
         SELECT t.acct
           FROM unnest(p_txn_ids, p_auth_types, p_account_ids) AS t(txn, kind, acct)
          CROSS JOIN LATERAL (SELECT 1 FROM holds h WHERE h.txn_id = t.txn LIMIT 1) h
