@@ -342,11 +342,11 @@ BEGIN
             RAISE;
         END IF;
         -- The accounts of its messages off its path go to the loop, with those that
-        -- payauth_loop_accounts sends there (the route choice's, and those an original
-        -- of the batch ties to another account), and the rest to the lifecycle route again.
+        -- payauth_loop_accounts sends there (asked again: what was committed since the
+        -- route's choice counts too), and the rest to the lifecycle route again.
         GET STACKED DIAGNOSTICS off = PG_EXCEPTION_DETAIL;
-        slow := coalesce(slow, payauth_loop_accounts(p_txn_ids, p_account_ids, p_auth_types,
-                                                     p_originals, p_card_ids))
+        slow := payauth_loop_accounts(p_txn_ids, p_account_ids, p_auth_types, p_originals,
+                                      p_card_ids)
                 || coalesce(nullif(off, '')::text[], p_account_ids);
         route := 'split';
     WHEN unique_violation OR SQLSTATE 'PA409' THEN  -- (the loop's: a write found its key)
