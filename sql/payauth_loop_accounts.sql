@@ -8,8 +8,8 @@
 --
 -- * a message an orphan reversal or a clearing that came before it waits for;
 -- * a REVERSAL that gives back to a spending limit (of an original a limit counted, or of
---   one a limit may count earlier in the batch) before a message of its account that a
---   limit may count;
+--   one a limit may count earlier in the batch: placed, or incremented) before a message
+--   of its account that a limit may count, which must see the usage given back;
 -- * a transaction_id twice in the batch, and an AUTHORIZATION or ADVICE whose hold is found
 --   already (the loop says which claim is lost, or that the hold was placed);
 -- * a message whose original is a message of the batch of another account, and of that
