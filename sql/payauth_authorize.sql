@@ -185,11 +185,10 @@ BEGIN
     -- (The purchases route is chosen in the fewest steps: it is the common batch's, and
     -- each statement here is planned at every call.)
     IF route IS NULL THEN  -- (and again for the messages left after claims lost, below)
-    IF p_auth_types <@ '{PURCHASE,REFUND,VERIFICATION,BALANCE_INQUIRY}'::text[] THEN
-        route := CASE WHEN EXISTS (SELECT 1 FROM orphan_reversals r
-                                    WHERE r.state = 'WAITING'
-                                      AND r.original_txn_id = ANY(p_txn_ids))
-                      THEN 'each' ELSE 'purchases' END;
+    IF p_auth_types <@ '{PURCHASE,REFUND,VERIFICATION,BALANCE_INQUIRY}'::text[]
+       AND NOT EXISTS (SELECT 1 FROM orphan_reversals r
+                        WHERE r.state = 'WAITING' AND r.original_txn_id = ANY(p_txn_ids)) THEN
+        route := 'purchases';
     ELSE
         -- The accounts whose messages only the loop decides (payauth_loop_accounts, the one
         -- home of that rule: an orphan reversal or a clearing before its hold waiting, a
@@ -209,13 +208,7 @@ BEGIN
     -- Only the accounts that need the loop go there: the rest of the batch is decided
     -- set-based beside them, by the lifecycle route (payauth_loop_accounts: which, and why
     -- the accounts may be split so). A batch where none is left for one side or the other
-    -- is decided whole by its route. (A batch of purchases an orphan reversal waits for
-    -- is split so too.)
-    IF route = 'each' AND slow IS NULL THEN
-        slow := payauth_loop_accounts(p_txn_ids, p_account_ids, p_auth_types, p_originals,
-                                      p_card_ids);
-        route := 'split';
-    END IF;
+    -- is decided whole by its route.
     IF route = 'split' THEN
         -- (A NULL account, or one compared with a NULL, goes to the loop: never to neither.)
         one_by_one := ARRAY(SELECT t.i FROM unnest(p_account_ids) WITH ORDINALITY AS t(acct, i)
