@@ -20,24 +20,28 @@ LANGUAGE sql STABLE
 AS $$
     -- (A card and a usage row are each one row found by its key: the lateral LIMIT 1 keeps
     -- them index probes, whatever the planner guesses of the batch's size, and the period
-    -- is part of the usage row's key, never a filter over all of a limit's periods.)
+    -- is part of the usage row's key, never a filter over all of a limit's periods. The
+    -- account's limits and the card's are two plain index scans: one condition on either
+    -- scope is a bitmap of both, built per message.)
     SELECT m.ord, l.limit_id, s.period_start, l.max_amount, l.max_count,
            coalesce(u.amount, 0), coalesce(u.count, 0)
       FROM unnest(p_account_ids, p_card_ids, p_categories, p_auth_types, p_times)
                WITH ORDINALITY AS m(acct, card, cat, kind, t, ord)
       LEFT JOIN LATERAL (SELECT c.card_id FROM cards c
                           WHERE c.card_id = m.card AND c.account_id = m.acct LIMIT 1) c ON true
-      JOIN spending_limits l
-        ON l.scope_id IN (m.acct, c.card_id)
-       AND ((l.scope = 'ACCOUNT' AND l.scope_id = m.acct)
-            OR (l.scope = 'CARD' AND l.scope_id = c.card_id))
-       AND (l.merchant_category IS NULL OR l.merchant_category = m.cat)
+     CROSS JOIN LATERAL (
+           SELECT a.limit_id, a.period, a.max_amount, a.max_count, a.merchant_category
+             FROM spending_limits a WHERE a.scope_id = m.acct AND a.scope = 'ACCOUNT'
+           UNION ALL
+           SELECT k.limit_id, k.period, k.max_amount, k.max_count, k.merchant_category
+             FROM spending_limits k WHERE k.scope_id = c.card_id AND k.scope = 'CARD') l
      CROSS JOIN LATERAL (
            SELECT payauth_period_start(l.period, m.t, p_tz) AS period_start) s
       LEFT JOIN LATERAL (SELECT u.amount, u.count FROM limit_usage u
                           WHERE u.limit_id = l.limit_id AND u.period_start = s.period_start
                           LIMIT 1) u ON true
      WHERE m.kind IN ('PURCHASE', 'AUTHORIZATION', 'INCREMENTAL', 'ADVICE')
+       AND (l.merchant_category IS NULL OR l.merchant_category = m.cat)
      ORDER BY m.ord, l.limit_id
 $$;
 

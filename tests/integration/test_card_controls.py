@@ -129,6 +129,37 @@ def test_a_message_counts_in_its_own_day_and_zone(env, spawn_worker, tmp_path) -
     lc.verified(env)
 
 
+def test_a_limit_of_a_category_counts_only_that_category(env, spawn_worker,
+                                                       tmp_path) -> None:
+    """A card's daily ATM limit (category 6011) and an account's daily count of one meal
+    (5812): a purchase of another category, or of none, is neither counted nor judged by
+    them."""
+    t = lc.names("atm1", "shop", "atm2", "meal1", "meal2", "none", "acc", "card", "atm",
+                 "meals")
+    lc.seed(env, (t["acc"], "1000.00"))
+    _controls(env, tmp_path, [f"{t['card']},{t['acc']}"],
+              [f"{t['atm']},CARD,{t['card']},DAY,100.00,,6011",
+               f"{t['meals']},ACCOUNT,{t['acc']},DAY,,1,5812"])
+
+    def bought(key: str, amount: str, category: str | None) -> dict[str, Any]:
+        fields = {} if category is None else {"merchant_category": category}
+        return _at(lc.msg(t[key], "PURCHASE", t["acc"], amount, card_id=t["card"],
+                          **fields), "2026-04-07T10:00:00Z")
+
+    lc.run(env, spawn_worker, [
+        bought("atm1", "80.00", "6011"), bought("shop", "500.00", "5411"),
+        bought("atm2", "30.00", "6011"), bought("meal1", "10.00", "5812"),
+        bought("meal2", "10.00", "5812"), bought("none", "5.00", None)])
+    events = lc.events(env, expect=6)
+    assert _outcomes(events, t, "atm1", "shop", "atm2", "meal1", "meal2", "none") == {
+        "atm1": ("APPROVED", None), "shop": ("APPROVED", None),
+        "atm2": ("DECLINED", "LIMIT_EXCEEDED"), "meal1": ("APPROVED", None),
+        "meal2": ("DECLINED", "LIMIT_EXCEEDED"), "none": ("APPROVED", None)}
+    assert _usage(env, t["atm"]) == {"2026-04-07": (80, 1)}
+    assert _usage(env, t["meals"]) == {"2026-04-07": (10, 1)}
+    lc.verified(env)
+
+
 def test_two_messages_of_one_card_on_two_partitions_only_one_fitting_its_limit(
         env, spawn_worker, tmp_path) -> None:
     """The same card's purchases on two partitions (a gateway that keyed them otherwise),
