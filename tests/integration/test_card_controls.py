@@ -282,6 +282,56 @@ def test_a_reversal_of_an_increments_whole_amount_keeps_the_counts(env, spawn_wo
     lc.verified(env)
 
 
+def test_a_partial_reversal_gives_back_the_latest_increment_first(env, spawn_worker,
+                                                                   tmp_path) -> None:
+    """A hold of 50 on Tuesday, increments of 20 on Wednesday and 10 on Thursday, each
+    counted in its own day. Reversals of 10, then 20, then 15 give back Thursday's, then
+    Wednesday's, then part of Tuesday's: the last added is the first released (and no count
+    while the hold stands)."""
+    t = lc.names("hold", "wed", "thu", "r1", "r2", "r3", "acc", "card", "lim")
+    lc.seed(env, (t["acc"], "1000.00"))
+    _controls(env, tmp_path, [f"{t['card']},{t['acc']}"],
+              [f"{t['lim']},CARD,{t['card']},DAY,500.00,10"])
+    lc.run(env, spawn_worker, [
+        _on_card(t, "hold", "AUTHORIZATION", "50.00", at="2026-04-07T10:00:00Z"),
+        _on_card(t, "wed", "INCREMENTAL", "20.00", t["hold"], at="2026-04-08T10:00:00Z"),
+        _on_card(t, "thu", "INCREMENTAL", "10.00", t["hold"], at="2026-04-09T10:00:00Z")])
+    assert _usage(env, t["lim"]) == {
+        "2026-04-07": (50, 1), "2026-04-08": (20, 1), "2026-04-09": (10, 1)}
+    friday = "2026-04-10T10:00:00Z"
+    lc.send_more(env, [_on_card(t, "r1", "REVERSAL", "10.00", t["hold"], at=friday)])
+    assert _usage(env, t["lim"]) == {
+        "2026-04-07": (50, 1), "2026-04-08": (20, 1), "2026-04-09": (0, 1)}
+    lc.send_more(env, [_on_card(t, "r2", "REVERSAL", "20.00", t["hold"], at=friday)])
+    assert _usage(env, t["lim"]) == {
+        "2026-04-07": (50, 1), "2026-04-08": (0, 1), "2026-04-09": (0, 1)}
+    lc.send_more(env, [_on_card(t, "r3", "REVERSAL", "15.00", t["hold"], at=friday)])
+    assert _usage(env, t["lim"]) == {
+        "2026-04-07": (35, 1), "2026-04-08": (0, 1), "2026-04-09": (0, 1)}
+    events = lc.events(env, expect=6)
+    assert {k: events[t[k]]["result"] for k in ("hold", "wed", "thu", "r1", "r2", "r3")} \
+        == dict.fromkeys(("hold", "wed", "thu", "r1", "r2", "r3"), "APPROVED")
+    lc.verified(env)
+
+
+def test_an_advice_naming_a_card_of_another_account_counts_in_no_limit_of_that_card(
+        env, spawn_worker, tmp_path) -> None:
+    """An advice is never declined, so one naming another account's card is placed: it
+    counts in its own account's limit, never in that card's."""
+    t = lc.names("advice", "acc", "acc2", "card2", "lim2", "mine")
+    lc.seed(env, (t["acc"], "1000.00"), (t["acc2"], "1000.00"))
+    _controls(env, tmp_path, [f"{t['card2']},{t['acc2']}"],
+              [f"{t['lim2']},CARD,{t['card2']},DAY,100.00,5",
+               f"{t['mine']},ACCOUNT,{t['acc']},DAY,100.00,5"])
+    lc.run(env, spawn_worker, [_at(lc.msg(t["advice"], "ADVICE", t["acc"], "30.00",
+                                          card_id=t["card2"]), "2026-04-07T10:00:00Z")])
+    events = lc.events(env, expect=1)
+    assert events[t["advice"]]["result"] == "APPROVED"
+    assert _usage(env, t["lim2"]) == {}
+    assert _usage(env, t["mine"]) == {"2026-04-07": (30, 1)}
+    lc.verified(env)
+
+
 def test_a_limit_id_loaded_by_another_command_meanwhile_loads_nothing(env) -> None:
     """Two connections: another command has inserted limit L (an account's, per month) and
     not committed; `limits load` of L as a card's daily limit checks before it (L not seen),
@@ -392,6 +442,45 @@ def test_expired_cards_blocked_merchants_and_unknown_cards(env, spawn_worker,
         "nobody": ("DECLINED", "UNKNOWN_CARD"), "refund": ("APPROVED", None),
         "plain": ("APPROVED", None)}
     lc.verified(env)
+
+
+def test_a_decline_names_the_first_control_in_the_contracts_order(env, spawn_worker,
+                                                                  tmp_path) -> None:
+    """A frozen card past its expiry is CARD_BLOCKED (the status before the expiry); a
+    purchase in a blocked category and a blocked country is CATEGORY_BLOCKED."""
+    t = lc.names("frozen_old", "both", "acc", "card", "old")
+    lc.seed(env, (t["acc"], "1000.00"))
+    _controls(env, tmp_path, [f"{t['card']},{t['acc']}",
+                              f"{t['old']},{t['acc']},FROZEN,2026-04-06"], [])
+    stack.fetch(env.dsn, "INSERT INTO card_blocks (scope, scope_id, kind, value) VALUES "
+                         "('CARD', $1, 'CATEGORY', '7995'), ('ACCOUNT', $2, 'COUNTRY', 'KP') "
+                         "RETURNING 1", t["card"], t["acc"])
+    day = "2026-04-07T10:00:00Z"
+    lc.run(env, spawn_worker, [
+        _at(lc.msg(t["frozen_old"], "PURCHASE", t["acc"], "5.00", card_id=t["old"]), day),
+        _at(lc.msg(t["both"], "PURCHASE", t["acc"], "5.00", card_id=t["card"],
+                   merchant_category="7995", merchant_country="KP"), day)])
+    events = lc.events(env, expect=2)
+    assert _outcomes(events, t, "frozen_old", "both") == {
+        "frozen_old": ("DECLINED", "CARD_BLOCKED"), "both": ("DECLINED", "CATEGORY_BLOCKED")}
+
+
+def test_a_weekly_limit_counts_from_monday(env, spawn_worker, tmp_path) -> None:
+    """One purchase a week: Sunday's, then Monday's (a new week) are approved, Tuesday's
+    declined."""
+    t = lc.names("sun", "mon", "tue", "acc", "card", "lim")
+    lc.seed(env, (t["acc"], "1000.00"))
+    _controls(env, tmp_path, [f"{t['card']},{t['acc']}"],
+              [f"{t['lim']},CARD,{t['card']},WEEK,,1"])
+    lc.run(env, spawn_worker, [
+        _on_card(t, "sun", "PURCHASE", "5.00", at="2026-04-12T10:00:00Z"),
+        _on_card(t, "mon", "PURCHASE", "5.00", at="2026-04-13T10:00:00Z"),
+        _on_card(t, "tue", "PURCHASE", "5.00", at="2026-04-14T10:00:00Z")])
+    events = lc.events(env, expect=3)
+    assert _outcomes(events, t, "sun", "mon", "tue") == {
+        "sun": ("APPROVED", None), "mon": ("APPROVED", None),
+        "tue": ("DECLINED", "LIMIT_EXCEEDED")}
+    assert _usage(env, t["lim"]) == {"2026-04-06": (5, 1), "2026-04-13": (5, 1)}
 
 
 def test_the_commands_refuse_bad_input_with_one_line_and_change_nothing(env,
