@@ -465,6 +465,32 @@ def test_a_decline_names_the_first_control_in_the_contracts_order(env, spawn_wor
         "frozen_old": ("DECLINED", "CARD_BLOCKED"), "both": ("DECLINED", "CATEGORY_BLOCKED")}
 
 
+def test_a_partial_approval_is_judged_by_the_limit_on_what_it_approves(
+        env, spawn_worker, tmp_path) -> None:
+    """100.00 asked, partial approval accepted, 60.00 available: approved for 60.00 where
+    the day's limit has 80.00 left (what it approves fits, what it asked would not), and
+    declined whole where it has 50.00 left (a limit never partially approves)."""
+    t = lc.names("fits", "past", "acc", "acc2", "card", "card2", "lim", "lim2")
+    lc.seed(env, (t["acc"], "60.00"), (t["acc2"], "60.00"))
+    _controls(env, tmp_path, [f"{t['card']},{t['acc']}", f"{t['card2']},{t['acc2']}"],
+              [f"{t['lim']},CARD,{t['card']},DAY,80.00,", f"{t['lim2']},CARD,{t['card2']},"
+               "DAY,50.00,"])
+    day = "2026-04-07T10:00:00Z"
+    lc.run(env, spawn_worker, [
+        _at(lc.msg(t["fits"], "PURCHASE", t["acc"], "100.00", card_id=t["card"],
+                   partial_approval_supported=True), day),
+        _at(lc.msg(t["past"], "PURCHASE", t["acc2"], "100.00", card_id=t["card2"],
+                   partial_approval_supported=True), day)])
+    events = lc.events(env, expect=2)
+    assert _outcomes(events, t, "fits", "past") == {
+        "fits": ("APPROVED", None), "past": ("DECLINED", "LIMIT_EXCEEDED")}
+    assert (events[t["fits"]]["amount_approved"], events[t["fits"]]["partial"]) == \
+        ("60.00", True)
+    assert _usage(env, t["lim"]) == {"2026-04-07": (60, 1)}
+    assert _usage(env, t["lim2"]) == {}
+    lc.verified(env)
+
+
 def test_a_weekly_limit_counts_from_monday(env, spawn_worker, tmp_path) -> None:
     """One purchase a week: Sunday's, then Monday's (a new week) are approved, Tuesday's
     declined."""

@@ -1,5 +1,6 @@
 """Holds end once: ``payauth holds expire`` (two runs at once, a worker clearing the same
-holds meanwhile), a clearing after expiry, a worker killed inside the transaction of a
+holds meanwhile), a clearing after expiry, an expiry of what an increment and a partial
+clearing left, a worker killed inside the transaction of a
 reversal, and the expiry's outbox marked while a batch keeps some of its holds locked (two
 connections)."""
 
@@ -116,6 +117,34 @@ def test_a_clearing_after_expiry_posts_and_releases_nothing(env, spawn_worker) -
     hold = lc.hold(env, t["hold"])
     assert (hold["state"], hold["released"], hold["ended_by"]) == \
         ("EXPIRED", Decimal("40.00"), None)
+
+
+def test_an_expiry_releases_what_remains_of_an_incremented_and_partly_cleared_hold(
+        env, spawn_worker) -> None:
+    """A hold of 50.00, incremented by 20.00, cleared 30.00 in part (not final): 40.00
+    remains, and that is what its expiry releases; the account's other hold, placed just
+    now, stays held."""
+    t = lc.names("hold", "inc", "part", "young", "acc")
+    acc = t["acc"]
+    asyncio.run(stack.seed_accounts(env.dsn, [(acc, "100.00", "EUR")]))
+    lc.run(env, spawn_worker, [
+        lc.msg(t["hold"], "AUTHORIZATION", acc, "50.00"),
+        lc.msg(t["inc"], "INCREMENTAL", acc, "20.00", t["hold"]),
+        lc.msg(t["part"], "CLEARING", acc, "30.00", t["hold"], final=False),
+        lc.msg(t["young"], "AUTHORIZATION", acc, "10.00")])
+    assert lc.balances(env, acc) == (Decimal("70.00"), Decimal("50.00"), Decimal("20.00"))
+    _age(env, [t["hold"]], 200)
+    done = payauth(env, "holds", "expire", "--execute")  # the default: 168 h
+    assert done.returncode == 0, done.stderr
+    hold = lc.hold(env, t["hold"])
+    assert (hold["state"], hold["released"], hold["remaining"]) == \
+        ("EXPIRED", Decimal("40.00"), 0)
+    assert lc.balances(env, acc) == (Decimal("70.00"), Decimal("10.00"), Decimal("60.00"))
+    wait_caught_up(env.group_id, env.input_topic, env.partitions)
+    [expired] = [e for e in stack.events_of(stack.read_topic(env.output_topic))
+                 if e["event_type"] == "HoldExpired"]
+    assert expired["amount_released"] == "40.00"
+    lc.verified(env)
 
 
 def test_a_worker_killed_inside_a_reversals_transaction_releases_once(env,
