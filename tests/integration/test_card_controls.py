@@ -509,6 +509,28 @@ def test_a_weekly_limit_counts_from_monday(env, spawn_worker, tmp_path) -> None:
     assert _usage(env, t["lim"]) == {"2026-04-06": (5, 1), "2026-04-13": (5, 1)}
 
 
+def test_an_accounts_blocks_judge_messages_that_name_no_card(env, spawn_worker) -> None:
+    """Blocks of an account (a country, a category) and messages that name no card, none
+    in their batch: each blocked as the contract says, the rest approved."""
+    t = lc.names("country", "category", "plain", "acc")
+    lc.seed(env, (t["acc"], "1000.00"))
+    stack.fetch(env.dsn, "INSERT INTO card_blocks (scope, scope_id, kind, value) VALUES "
+                         "('ACCOUNT', $1, 'COUNTRY', 'KP'), ('ACCOUNT', $1, 'CATEGORY', '7995') "
+                         "RETURNING 1", t["acc"])
+    day = "2026-04-07T10:00:00Z"
+    lc.run(env, spawn_worker, [
+        _at(lc.msg(t["country"], "PURCHASE", t["acc"], "5.00", merchant_country="KP"), day),
+        _at(lc.msg(t["category"], "AUTHORIZATION", t["acc"], "5.00",
+                   merchant_category="7995"), day),
+        _at(lc.msg(t["plain"], "PURCHASE", t["acc"], "5.00", merchant_country="ES",
+                   merchant_category="5411"), day)])
+    events = lc.events(env, expect=3)
+    assert _outcomes(events, t, "country", "category", "plain") == {
+        "country": ("DECLINED", "COUNTRY_BLOCKED"),
+        "category": ("DECLINED", "CATEGORY_BLOCKED"), "plain": ("APPROVED", None)}
+    lc.verified(env)
+
+
 def test_the_commands_refuse_bad_input_with_one_line_and_change_nothing(env,
                                                                         tmp_path) -> None:
     t = lc.names("acc", "card", "lim")
