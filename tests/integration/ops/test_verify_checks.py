@@ -1,7 +1,8 @@
-"""Each check of ``payauth verify`` that the issuer's day and the card controls added can
-fail: a day of holds, an increment, a partial clearing, a partial approval and a limit,
-decided by a real worker, passes; then one row is set wrong, as a bug would have written
-it, and verify names that check (a check that cannot fail proves nothing)."""
+"""Each check of ``payauth verify`` can fail (a check that cannot fail proves nothing): a
+day of holds, an increment, a partial clearing, a partial approval, a limit, a purchase, its
+partial reversal and a decline, decided by a real worker, passes; then a row is set wrong,
+as a bug would have written it, and verify names the check it breaks. (The checks broken in
+tests/integration/ops/test_verify.py are not repeated here.)"""
 
 from __future__ import annotations
 
@@ -13,11 +14,13 @@ from tests.support import lifecycle as lc
 from tests.support import stack
 from tests.support.workers import payauth
 
-# (the check's name in verify's FAIL line, the statement that breaks it; {hold}, {part},
-# {buy}: the hold, its partial clearing, the partial approval)
+# (the check's name in verify's FAIL line, the statements that break it, "; " apart; {hold},
+# {part}, {buy}, {pur}, {rev}, {big}: the hold, its partial clearing, the partial approval,
+# a purchase, its partial reversal, a declined purchase; {acc2}: the partial approval's
+# account. Where a table's own constraint refuses the row, it is dropped first: verify
+# stands behind it.)
 BREAKS = {
     "held >= 0 per hold and never more than authorized and incremented":
-        # (the table's own check refuses it first: verify stands behind a dropped one)
         "ALTER TABLE holds DROP CONSTRAINT holds_remaining_check; "
         "UPDATE holds SET remaining = amount + incremented + 1 WHERE txn_id = '{hold}'",
     "what each hold placed and added = what remains + what reversals, clearings and its "
@@ -36,13 +39,32 @@ BREAKS = {
         "UPDATE processed_transactions SET input_limit_reads = ARRAY(SELECT ROW(r.limit_id, "
         "r.period_start, r.max_amount, r.max_count, r.max_amount, r.used_count)::limit_read "
         "FROM unnest(input_limit_reads) AS r) WHERE txn_id = '{hold}'",
+    "no ledger entry for a hold":
+        "UPDATE ledger_entries SET txn_id = '{hold}' WHERE txn_id = '{pur}'",
+    "a purchase is credited back at most its amount":
+        "UPDATE ledger_entries SET amount = 50 WHERE txn_id = '{rev}'",
+    "available below zero only through advices and clearings":
+        "UPDATE holds SET account_id = '{acc2}' WHERE txn_id = '{hold}'",
+    "no negative (or NaN) balance but through a clearing":
+        "UPDATE accounts SET balance = -1 WHERE account_id = '{acc2}'",
+    "at most one ledger entry per transaction":
+        "ALTER TABLE ledger_entries DROP CONSTRAINT ledger_entries_txn_id_key; "
+        "INSERT INTO ledger_entries SELECT * FROM ledger_entries WHERE txn_id = '{pur}'",
+    "every processed transaction has a result":
+        "ALTER TABLE processed_transactions DROP CONSTRAINT processed_transactions_check; "
+        "UPDATE processed_transactions SET decline_reason = NULL WHERE txn_id = '{big}'",
+    "every approved transaction has its ledger entry, with the approved amount and account":
+        "UPDATE ledger_entries SET amount = amount + 1 WHERE txn_id = '{pur}'",
+    "no ledger entry for a declined transaction":
+        "UPDATE ledger_entries SET txn_id = '{big}' WHERE txn_id = '{pur}'",
 }
 
 
 @pytest.mark.parametrize("check", sorted(BREAKS))
 def test_each_check_names_what_breaks_it(check: str, env: stack.Env, spawn_worker,
                                          tmp_path: Path) -> None:
-    t = lc.names("hold", "inc", "part", "buy", "acc", "acc2", "card", "lim")
+    t = lc.names("hold", "inc", "part", "buy", "pur", "rev", "big", "acc", "acc2", "card",
+                 "lim")
     lc.seed(env, (t["acc"], "1000.00"), (t["acc2"], "40.00"))
     (tmp_path / "cards.csv").write_text(f"{t['card']},{t['acc']}\n")
     (tmp_path / "limits.csv").write_text(f"{t['lim']},CARD,{t['card']},DAY,500.00,10\n")
@@ -54,14 +76,17 @@ def test_each_check_names_what_breaks_it(check: str, env: stack.Env, spawn_worke
         lc.msg(t["hold"], "AUTHORIZATION", t["acc"], "50.00", card_id=t["card"]),
         lc.msg(t["inc"], "INCREMENTAL", t["acc"], "20.00", t["hold"], card_id=t["card"]),
         lc.msg(t["part"], "CLEARING", t["acc"], "30.00", t["hold"], final=False),
-        lc.msg(t["buy"], "PURCHASE", t["acc2"], "100.00", partial_approval_supported=True)])
-    events = lc.events(env, expect=4)
+        lc.msg(t["buy"], "PURCHASE", t["acc2"], "100.00", partial_approval_supported=True),
+        lc.msg(t["pur"], "PURCHASE", t["acc"], "10.00"),
+        lc.msg(t["rev"], "REVERSAL", t["acc"], "5.00", t["pur"]),
+        lc.msg(t["big"], "PURCHASE", t["acc"], "5000.00")])
+    events = lc.events(env, expect=7)
+    assert events[t["big"]]["result"] == "DECLINED"
     assert (events[t["buy"]]["amount_approved"], events[t["buy"]]["partial"]) == \
         ("40.00", True)
     lc.verified(env)
 
-    *before, breaking = BREAKS[check].format(
-        hold=t["hold"], part=t["part"], buy=t["buy"]).split("; ")
+    *before, breaking = BREAKS[check].format(**t).split("; ")
     for statement in before:
         stack.fetch(env.dsn, statement)
     assert stack.fetch(env.dsn, breaking + " RETURNING 1"), breaking  # a row was broken
