@@ -239,9 +239,15 @@ if [ "${STACK_FUNCTIONS_ONLY:-}" = 1 ]; then return 0; fi
 case "${1:-}" in
   up) postgres_up; redis_up; kafka_up; topics_up; step "stack is up" ;;
   down) kafka_down; redis_down; postgres_down; step "stack is down" ;;
-  tools)  # what the tests call besides the stack: promtool checks the alert rules
+  tools)  # what the tests call besides the stack: promtool checks the alert rules; as root,
+          # nft makes the partition faults in the namespaces of the netsplit tests
     command -v promtool >/dev/null 2>&1 || apt_install prometheus
-    step "test tools ready (promtool)" ;;
+    if [ "$(id -u)" = 0 ]; then
+      command -v nft >/dev/null 2>&1 || apt_install nftables
+      step "test tools ready (promtool, nft)"
+    else
+      step "test tools ready (promtool; not root: no nft, the netsplit tests skip)"
+    fi ;;
   restart-postgres) postgres_restart ;;
   restart-redis) redis_down; redis_up ;;
   restart-kafka) kafka_down; kafka_up ;;

@@ -39,6 +39,8 @@ BREAKS = {
         "UPDATE processed_transactions SET input_limit_reads = ARRAY(SELECT ROW(r.limit_id, "
         "r.period_start, r.max_amount, r.max_count, r.max_amount, r.used_count)::limit_read "
         "FROM unnest(input_limit_reads) AS r) WHERE txn_id = '{hold}'",
+    "a hold ends at most once":
+        "UPDATE lifecycle_messages SET ended_hold = true WHERE txn_id = '{part}'",
     "no ledger entry for a hold":
         "UPDATE ledger_entries SET txn_id = '{hold}' WHERE txn_id = '{pur}'",
     "a purchase is credited back at most its amount":
