@@ -38,6 +38,15 @@ def _controls(env: stack.Env, tmp_path: Path, cards: list[str], limits: list[str
         _admin(env, "limits", "load", str(tmp_path / "limits.csv"))
 
 
+def _blocks(env: stack.Env, *blocks: tuple[str, str, str, str]) -> None:
+    """Card blocks, each (scope, scope_id, kind, value), inserted as an operator would (no
+    command loads them)."""
+    scopes, ids, kinds, values = (list(column) for column in zip(*blocks, strict=True))
+    assert stack.fetch(env.dsn, "INSERT INTO card_blocks (scope, scope_id, kind, value) "
+                                "SELECT * FROM unnest($1::text[], $2::text[], $3::text[], "
+                                "$4::text[]) RETURNING 1", scopes, ids, kinds, values)
+
+
 def _at(message: dict[str, Any], timestamp: str, message_id: str | None = None
         ) -> dict[str, Any]:
     """The message stamped at ``timestamp`` (its own time), optionally with another
@@ -416,9 +425,7 @@ def test_expired_cards_blocked_merchants_and_unknown_cards(env, spawn_worker,
     _controls(env, tmp_path, [f"{t['card']},{t['acc']}",
                               f"{t['old']},{t['acc']},ACTIVE,2026-04-06",
                               f"{t['card2']},{t['acc2']}"], [])
-    stack.fetch(env.dsn, "INSERT INTO card_blocks (scope, scope_id, kind, value) VALUES "
-                         "('CARD', $1, 'CATEGORY', '7995'), ('ACCOUNT', $2, 'COUNTRY', 'KP') "
-                         "RETURNING 1", t["card"], t["acc"])
+    _blocks(env, ("CARD", t["card"], "CATEGORY", "7995"), ("ACCOUNT", t["acc"], "COUNTRY", "KP"))
     day = "2026-04-07T10:00:00Z"
     lc.run(env, spawn_worker, [
         _at(lc.msg(t["expired"], "PURCHASE", t["acc"], "5.00", card_id=t["old"]), day),
@@ -452,9 +459,7 @@ def test_a_decline_names_the_first_control_in_the_contracts_order(env, spawn_wor
     lc.seed(env, (t["acc"], "1000.00"))
     _controls(env, tmp_path, [f"{t['card']},{t['acc']}",
                               f"{t['old']},{t['acc']},FROZEN,2026-04-06"], [])
-    stack.fetch(env.dsn, "INSERT INTO card_blocks (scope, scope_id, kind, value) VALUES "
-                         "('CARD', $1, 'CATEGORY', '7995'), ('ACCOUNT', $2, 'COUNTRY', 'KP') "
-                         "RETURNING 1", t["card"], t["acc"])
+    _blocks(env, ("CARD", t["card"], "CATEGORY", "7995"), ("ACCOUNT", t["acc"], "COUNTRY", "KP"))
     day = "2026-04-07T10:00:00Z"
     lc.run(env, spawn_worker, [
         _at(lc.msg(t["frozen_old"], "PURCHASE", t["acc"], "5.00", card_id=t["old"]), day),
@@ -514,9 +519,8 @@ def test_an_accounts_blocks_judge_messages_that_name_no_card(env, spawn_worker) 
     in their batch: each blocked as the contract says, the rest approved."""
     t = lc.names("country", "category", "plain", "acc")
     lc.seed(env, (t["acc"], "1000.00"))
-    stack.fetch(env.dsn, "INSERT INTO card_blocks (scope, scope_id, kind, value) VALUES "
-                         "('ACCOUNT', $1, 'COUNTRY', 'KP'), ('ACCOUNT', $1, 'CATEGORY', '7995') "
-                         "RETURNING 1", t["acc"])
+    _blocks(env, ("ACCOUNT", t["acc"], "COUNTRY", "KP"),
+            ("ACCOUNT", t["acc"], "CATEGORY", "7995"))
     day = "2026-04-07T10:00:00Z"
     lc.run(env, spawn_worker, [
         _at(lc.msg(t["country"], "PURCHASE", t["acc"], "5.00", merchant_country="KP"), day),
