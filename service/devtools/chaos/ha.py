@@ -80,7 +80,10 @@ from service.devtools.chaos.run import PARTITIONS, Chaos, Supervisor, log
 from service.devtools.processes import ROOT
 
 HA_ENV = ROOT / ".stack/ha.env"
-GROUP_SESSION_MS = 20_000  # the workers' group session in this run; see setup()
+BROKER_CUT_LONGEST_S = 10  # kafka_broker_cut: the longest the workers lose one broker
+# The workers' group session in this run (see setup()): it rides out the longest cut, even
+# of the group's coordinator, and a heartbeat more.
+GROUP_SESSION_MS = (BROKER_CUT_LONGEST_S + 2) * 1000
 
 
 class HaChaos(Chaos):
@@ -127,13 +130,11 @@ class HaChaos(Chaos):
             "PAYAUTH_REDIS_SENTINEL_MASTER": self.settings.redis_sentinel_master,
             # shorter than the refused writes of kafka_not_enough_replicas: deliveries time out
             "PAYAUTH_DELIVERY_TIMEOUT_MS": "5000",
-            # The group's session outlasts a group coordinator's failover twice over: when
-            # the killed node is also the active controller, the controller is elected
-            # again before it fences the node (the 4 s broker session), and only then is
-            # the group loaded on its new coordinator and found by the members. A member
-            # that times out first rejoins, and the whole group waits for its old members'
-            # sessions to expire at the new coordinator (docs/failover.md). The poll
-            # interval may not be shorter than the session (librdkafka refuses it).
+            # The group's session is what a stopped or cut worker holds its partitions for
+            # (GROUP_SESSION_MS). A coordinator's failover does not count against it: the new
+            # coordinator gives every member it loads a whole session from the load
+            # (docs/failover.md). The poll interval may not be shorter than the session
+            # (librdkafka refuses it).
             "PAYAUTH_SESSION_TIMEOUT_MS": str(GROUP_SESSION_MS),
             "PAYAUTH_MAX_POLL_INTERVAL_MS": str(GROUP_SESSION_MS),
         })
@@ -304,7 +305,7 @@ class HaChaos(Chaos):
         proxy = self.broker_proxies[self.rng.randrange(len(self.broker_proxies))]
         proxy.cut()
         try:
-            time.sleep(self.rng.uniform(3, 10))
+            time.sleep(self.rng.uniform(3, BROKER_CUT_LONGEST_S))
         finally:
             proxy.restore()
 
