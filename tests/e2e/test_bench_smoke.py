@@ -17,7 +17,8 @@ KEYS = {
     "raw_consume_per_s", "p50_ms", "p99_ms", "hot_account_auth_per_s", "pg_commits_per_msg",
     "redis_calls_per_msg", "worker_rss_mb", "ratio_vs_pgbench", "ratio_vs_naive",
     "ratio_replay_vs_raw", "ratio_hot_vs_uniform", "lifecycle_auth_per_s",
-    "ratio_lifecycle_vs_purchase", "limits_plain_auth_per_s", "limits_auth_per_s",
+    "ratio_lifecycle_vs_purchase", "lifecycle_purchases_auth_per_s",
+    "ratio_lifecycle_vs_backlog", "limits_plain_auth_per_s", "limits_auth_per_s",
     "ratio_limits_vs_plain",
 }
 
@@ -69,18 +70,21 @@ def test_bench_smoke_writes_every_key_and_verify_holds(live_stack, tmp_path) -> 
         assert results["kafka_floor_p99_ms"][load] > 0 and results["ratio_p99_vs_floor"][load] > 0
     assert [p["load"] for p in results["kafka_floor_points"]][:2] == ["5%", "25%"]
     assert results["db_limit_batch"] == round(results["backlog_batch_messages_mean"])
-    # The lifecycle phase decided whole holds: each one ended as its messages say (a
-    # seventh reversed in full, the rest cleared), none left active, an issuer's day among
-    # them (a seventh each: increments, split shipments, holds abroad, partial approvals);
-    # the worker's CPU per message of it, and the line in the printed table.
+    # The lifecycle phase decided two backlogs of whole holds, beside two of purchases
+    # (ABBA): each hold ended as its messages say (a seventh reversed in full, the rest
+    # cleared), none left active, an issuer's day among them (a seventh each: increments,
+    # split shipments, holds abroad, partial approvals; each backlog's seventh rounded); the
+    # worker's CPU per message of it, and the line in the printed table.
+    assert len(results["lifecycle_runs_per_s"]) == len(
+        results["lifecycle_purchases_runs_per_s"]) == 2
     holds = results["lifecycle_holds"]
     assert set(holds) == {"CLEARED", "REVERSED"}, holds
     placed = holds["CLEARED"] + holds["REVERSED"]
-    assert abs(holds["REVERSED"] - placed / 7) <= 1, holds
+    assert abs(holds["REVERSED"] - placed / 7) <= 2, holds
     assert 2 * placed < results["lifecycle_messages"] < 3 * placed
     day = results["lifecycle_day"]
-    assert all(abs(day[k] - placed / 7) <= 1 for k in ("partial", "increments", "split")), day
-    assert abs(day["converted"] - 2 * placed / 7) <= 2, day  # each hold abroad and its clearing
+    assert all(abs(day[k] - placed / 7) <= 2 for k in ("partial", "increments", "split")), day
+    assert abs(day["converted"] - 2 * placed / 7) <= 4, day  # each hold abroad and its clearing
     assert results["lifecycle_cpu_us_per_msg"]["worker"] > 0
     assert "ratio_lifecycle_vs_purchase" in result.stdout
     assert (tmp_path / "latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -15,10 +15,12 @@ Phases, each on its own topic/group in one fresh database with 10,000 accounts:
               (three times; the median counts)
   db limit    pgbench of the worker's statement with batches of the size the worker formed
               over the backlog, as many clients as it keeps batches in flight (``pgbench.py``)
-  lifecycle   one worker over a backlog of holds with their endings: authorizations, then
-              clearings, partial reversals and clearings, full reversals, increments, split
-              clearings, holds abroad and partial approvals (``lifecycle.py``); its rate
-              against the backlog's (``ratio_lifecycle_vs_purchase``)
+  lifecycle   backlogs of holds with their endings: authorizations, then clearings, partial
+              reversals and clearings, full reversals, increments, split clearings, holds
+              abroad and partial approvals (``lifecycle.py``), and of purchases of the same
+              size, ABBA, one worker each; the holds' mean rate against the purchases'
+              (``ratio_lifecycle_vs_purchase``) and against the backlog's
+              (``ratio_lifecycle_vs_backlog``)
   limits      purchases, each account's on its card, four backlogs of half the backlog's
               size: on cards without limits, with a daily and a monthly limit each (none
               reached), with, without (ABBA), one worker each; the mean rate with limits
@@ -59,6 +61,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -114,7 +117,8 @@ RATIOS = {
     "ratio_vs_naive": ("new_auth_per_s", "baseline_naive_auth_per_s", 2),
     "ratio_replay_vs_raw": ("replay_dups_per_s", "raw_consume_per_s", 3),
     "ratio_hot_vs_uniform": ("hot_account_auth_per_s", "new_auth_per_s", 3),
-    "ratio_lifecycle_vs_purchase": ("lifecycle_auth_per_s", "new_auth_per_s", 3),
+    "ratio_lifecycle_vs_purchase": ("lifecycle_auth_per_s", "lifecycle_purchases_auth_per_s", 3),
+    "ratio_lifecycle_vs_backlog": ("lifecycle_auth_per_s", "new_auth_per_s", 3),
     "ratio_limits_vs_plain": ("limits_auth_per_s", "limits_plain_auth_per_s", 3),
     "ratio_during_purge": ("purge_during_auth_per_s", "purge_alone_auth_per_s", 3),
     "ratio_purge_10x_rows": ("purge_seconds", "purge_tenth_seconds", 2),
@@ -170,20 +174,21 @@ class Bench:
         await self.seed([(account_id(i), Decimal("1000000000")) for i in range(ACCOUNTS)],
                         analyze=True)
 
-    def messages(self, n: int, *, hot: bool = False, tag: str = "N", cards: str = ""
-                 ) -> list[tuple[str, bytes]]:
+    def messages(self, n: int, *, hot: bool = False, tag: str = "N", cards: str = "",
+                 rng: random.Random | None = None) -> list[tuple[str, bytes]]:
         """``cards``: a prefix: each message names its account's card, the prefix and the
-        account's number."""
+        account's number. ``rng``: the values drawn from it (the run's, by default)."""
+        rng = rng or self.rng
         out = []
         for i in range(n):
-            number = 0 if hot else self.rng.randrange(ACCOUNTS)
+            number = 0 if hot else rng.randrange(ACCOUNTS)
             acc = account_id(number)
             card = {"card_id": f"{cards}{number:05d}"} if cards else {}
             # A letter before the number: a run id ending in digits would otherwise make a
             # 13-digit run that sends every message through the card-number scan (about one
             # run in seven), a cost the next run would not have.
             txn = f"B{tag}-{self.run}-T{i:08d}"
-            amount = f"{self.rng.randint(1, 10_000) / 100:.2f}"
+            amount = f"{rng.randint(1, 10_000) / 100:.2f}"
             out.append((acc, json.dumps(authorization_message(txn, account_id=acc,
                                                               amount=amount, **card)).encode()))
         return out
@@ -382,74 +387,89 @@ class Bench:
             f"{', '.join(f'{r:,.0f}' for r in rates)} (last one: {caught}); "
             f"peak RSS {rss:.0f} MB")
 
-    def phase_lifecycle(self) -> None:
-        """One worker, the same settings as over the purchase backlog, over a backlog of holds
-        and their endings (``lifecycle.py``), decided by ``payauth_authorize``; the rate is
-        counted as the backlog's (messages decided a second, 10 % to 90 %). Then every hold
-        must have ended as its messages say: none active, a third reversed."""
-        topic = self.topic("life")
-        # A generator of its own: the phases after it draw the same values as without it.
-        backlog = lifecycle.messages(self.sizes.lifecycle, random.Random(27), ACCOUNTS,
-                                     account_id, prefix=f"BL-{self.run}")
-        asyncio.run(self.seed(backlog.thin))
-        asyncio.run(self.settle())
-        total = len(backlog.records)
-        self.produce(topic, backlog.records)
-        group = f"bench-life-{self.run}"
-        worker = self.worker(topic, group, "lifecycle")
+    def drain(self, name: str, run: int, records: list[tuple[str, bytes]]
+              ) -> tuple[float, dict[str, float], dict[str, float]]:
+        """One worker, the purchase backlog's settings, over ``records`` on a topic of its own:
+        its rate (``throughput``), its CPU per message and its metrics at the end."""
+        topic = self.topic(f"{name}-{run}")
+        self.produce(topic, records)
+        group = f"bench-{name}-{run}-{self.run}"
+        worker = self.worker(topic, group, f"{name}-{run}")
         assert worker.proc is not None
         worker.port()
         cpu_before = cpu.sample(worker.proc.pid)
-        rate = self.throughput(worker, group, topic, total)
-        self.results["lifecycle_cpu_us_per_msg"] = cpu.per_item(
-            cpu_before, cpu.sample(worker.proc.pid), total)
+        rate = self.throughput(worker, group, topic, len(records))
+        used = cpu.per_item(cpu_before, cpu.sample(worker.proc.pid), len(records))
         seen = worker.metrics()
         assert worker.terminate() == 0
-        self.results["lifecycle_batch_messages_mean"] = round(
-            seen.get("payauth_batch_messages_sum", 0.0)
-            / max(1.0, seen.get("payauth_batch_messages_count", 0.0)), 1)
-        self.results["lifecycle_auth_per_s"] = round(rate, 1)
-        self.results["lifecycle_messages"] = total
+        return rate, used, seen
+
+    def abba(self, sides: tuple[str, str], records: Callable[[str, int], list[tuple[str, bytes]]]
+             ) -> None:
+        """``sides[0]``, ``sides[1]``, ``sides[1]``, ``sides[0]``, one worker each (``drain``):
+        a machine that slows or speeds up during the phase weighs on both sides alike. Each
+        side's rate and CPU per message are the means of its two runs (``<side>_auth_per_s``,
+        ``<side>_runs_per_s``, ``<side>_cpu_us_per_auth``); ``records(side, run)`` gives a
+        run its backlog."""
+        rates: dict[str, list[float]] = {side: [] for side in sides}
+        cpus: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
+        for run, side in enumerate((sides[0], sides[1], sides[1], sides[0])):
+            rate, used, _ = self.drain(side, run, records(side, run))
+            rates[side].append(rate)
+            cpus[side].append(used)
+            log(f"one worker, {side}: {rate:,.0f} msg/s")
+        for side in sides:
+            self.results[f"{side}_auth_per_s"] = round(statistics.mean(rates[side]), 1)
+            self.results[f"{side}_runs_per_s"] = [round(r, 1) for r in rates[side]]
+            self.results[f"{side}_cpu_us_per_auth"] = {
+                kind: round(statistics.mean(c[kind] for c in cpus[side]), 1)
+                for kind in cpus[side][0]}
+
+    def phase_lifecycle(self) -> None:
+        """Two backlogs of holds and their endings (``lifecycle.py``) and two of purchases of
+        the same size, on the settled database, ABBA (``abba``): purchases, holds, holds,
+        purchases; decided by ``payauth_authorize`` (the lifecycle's backlogs on its
+        set-based route). ``ratio_lifecycle_vs_purchase`` is the holds' mean rate against
+        the purchases' beside them, in the same state of the database and the machine;
+        ``ratio_lifecycle_vs_backlog`` against the purchase backlog's on the fresh database
+        at the run's start. Then every hold must have ended as its messages say: none
+        active, a seventh reversed."""
+        # Generators of their own: the phases after it draw the same values as without it.
+        rng, purchases_rng = random.Random(27), random.Random(28)
+        backlogs = [lifecycle.messages(self.sizes.lifecycle, rng, ACCOUNTS, account_id,
+                                       prefix=f"BL{n}-{self.run}") for n in (1, 2)]
+        asyncio.run(self.seed([thin for backlog in backlogs for thin in backlog.thin]))
+        asyncio.run(self.settle())
+        size = len(backlogs[0].records)
+
+        def records(side: str, run: int) -> list[tuple[str, bytes]]:
+            if side == "lifecycle":
+                return backlogs[run - 1].records  # runs 1 and 2
+            return self.messages(size, tag=f"LP{run}", rng=purchases_rng)
+
+        self.abba(("lifecycle_purchases", "lifecycle"), records)
+        self.results["lifecycle_cpu_us_per_msg"] = self.results.pop("lifecycle_cpu_us_per_auth")
+        self.results["lifecycle_messages"] = sum(len(b.records) for b in backlogs)
         self.results["lifecycle_holds"] = asyncio.run(self.hold_states())
         self.results["lifecycle_day"] = asyncio.run(self.issuers_day())
-        log(f"one worker, holds and their endings ({total:,} messages): {rate:,.0f} msg/s, "
-            f"batches of {self.results['lifecycle_batch_messages_mean']} on average; CPU per "
-            f"message {self.results['lifecycle_cpu_us_per_msg']} us; holds "
+        log(f"one worker, holds and their endings ({size:,} messages a run): "
+            f"{self.results['lifecycle_auth_per_s']:,.0f} msg/s against purchases' "
+            f"{self.results['lifecycle_purchases_auth_per_s']:,.0f}; CPU per message "
+            f"{self.results['lifecycle_cpu_us_per_msg']} us; holds "
             f"{self.results['lifecycle_holds']}, of an issuer's day "
             f"{self.results['lifecycle_day']}")
 
     def phase_limits(self) -> None:
         """Purchases, each account's on its card: on cards without limits, then on cards with
         a daily and a monthly limit each, none reached (the messages are of one day), then
-        with limits again and without again (ABBA: a machine that slows or speeds up during
-        the phase weighs on both alike); half the purchase backlog's size each time, one
-        worker each, as over the backlog. Each side's rate is the mean of its two runs."""
+        with limits again and without again (ABBA, ``abba``); half the purchase backlog's
+        size each time, one worker each, as over the backlog."""
         asyncio.run(self.seed_cards())
         asyncio.run(self.settle())
         size = self.sizes.new // 2
-        rates: dict[str, list[float]] = {"limits_plain": [], "limits": []}
-        cpus: dict[str, list[dict[str, float]]] = {"limits_plain": [], "limits": []}
-        for run, (name, prefix) in enumerate((("limits_plain", "BP-"), ("limits", "BK-"),
-                                             ("limits", "BK-"), ("limits_plain", "BP-"))):
-            topic = self.topic(f"{name}-{run}")
-            self.produce(topic, self.messages(size, tag=f"{name[-1].upper()}{run}",
-                                              cards=prefix))
-            group = f"bench-{name}-{run}-{self.run}"
-            worker = self.worker(topic, group, f"{name}-{run}")
-            assert worker.proc is not None
-            worker.port()
-            cpu_before = cpu.sample(worker.proc.pid)
-            rates[name].append(self.throughput(worker, group, topic, size))
-            cpus[name].append(cpu.per_item(cpu_before, cpu.sample(worker.proc.pid), size))
-            assert worker.terminate() == 0
-            log(f"one worker, purchases on cards {'with' if name == 'limits' else 'without'} "
-                f"limits: {rates[name][-1]:,.0f} auth/s")
-        for name in rates:
-            self.results[f"{name}_auth_per_s"] = round(statistics.mean(rates[name]), 1)
-            self.results[f"{name}_runs_per_s"] = [round(r, 1) for r in rates[name]]
-            self.results[f"{name}_cpu_us_per_auth"] = {
-                kind: round(statistics.mean(c[kind] for c in cpus[name]), 1)
-                for kind in cpus[name][0]}
+        prefixes = {"limits_plain": "BP-", "limits": "BK-"}
+        self.abba(("limits_plain", "limits"), lambda side, run: self.messages(
+            size, tag=f"{side[-1].upper()}{run}", cards=prefixes[side]))
         # Every purchase counted once in its card's daily limit (none was declined).
         self.results["limits_messages"] = 2 * size
         self.results["limits_counted"] = asyncio.run(self.counted_in_daily_limits())
@@ -787,13 +807,14 @@ def render(r: dict[str, Any]) -> str:
     for key in ("new_auth_per_s", "sustainable_auth_per_s", "db_limit_auth_per_s",
                 "baseline_naive_auth_per_s", "pgbench_one_auth_per_call_tps",
                 "replay_dups_per_s", "raw_consume_per_s", "hot_account_auth_per_s",
-                "lifecycle_auth_per_s", "limits_plain_auth_per_s", "limits_auth_per_s",
+                "lifecycle_purchases_auth_per_s", "lifecycle_auth_per_s",
+                "limits_plain_auth_per_s", "limits_auth_per_s",
                 "p50_ms", "p99_ms", "pg_commits_per_msg",
                 "redis_calls_per_msg", "worker_rss_mb", "ratio_sustainable_vs_backlog",
                 "ratio_vs_db_limit", "ratio_p99_vs_floor_25", "ratio_vs_pgbench", "ratio_vs_naive",
                 "ratio_replay_vs_raw", "ratio_hot_vs_uniform", "ratio_lifecycle_vs_purchase",
-                "ratio_limits_vs_plain", "ratio_during_purge", "ratio_purge_10x_rows",
-                "ratio_purge_10x_rows_in_store"):
+                "ratio_lifecycle_vs_backlog", "ratio_limits_vs_plain", "ratio_during_purge",
+                "ratio_purge_10x_rows", "ratio_purge_10x_rows_in_store"):
         value = flat.get(key)
         target = TARGETS.get(key)
         mark = ""
@@ -810,8 +831,8 @@ def render(r: dict[str, Any]) -> str:
     lines.append("lifecycle_cpu_us_per_msg      " + ", ".join(
         f"{kind} {value:,}" for kind, value in r.get("lifecycle_cpu_us_per_msg", {}).items())
         + "  (postgres <= 60)")
-    for name in ("limits_plain", "limits"):
-        lines.append(f"{name + '_cpu_us_per_auth':<30}" + ", ".join(
+    for name in ("lifecycle_purchases", "limits_plain", "limits"):
+        lines.append(f"{name + '_cpu_us_per_auth':<29} " + ", ".join(
             f"{kind} {value:,}" for kind, value in r.get(f"{name}_cpu_us_per_auth",
                                                           {}).items()))
     floor = r.get("kafka_floor_p99_ms", {})
