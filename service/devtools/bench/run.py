@@ -388,9 +388,9 @@ class Bench:
             f"peak RSS {rss:.0f} MB")
 
     def drain(self, name: str, run: int, records: list[tuple[str, bytes]]
-              ) -> tuple[float, dict[str, float], dict[str, float]]:
+              ) -> tuple[float, dict[str, float]]:
         """One worker, the purchase backlog's settings, over ``records`` on a topic of its own:
-        its rate (``throughput``), its CPU per message and its metrics at the end."""
+        its rate (``throughput``) and its CPU per message."""
         topic = self.topic(f"{name}-{run}")
         self.produce(topic, records)
         group = f"bench-{name}-{run}-{self.run}"
@@ -400,9 +400,8 @@ class Bench:
         cpu_before = cpu.sample(worker.proc.pid)
         rate = self.throughput(worker, group, topic, len(records))
         used = cpu.per_item(cpu_before, cpu.sample(worker.proc.pid), len(records))
-        seen = worker.metrics()
         assert worker.terminate() == 0
-        return rate, used, seen
+        return rate, used
 
     def abba(self, sides: tuple[str, str], records: Callable[[str, int], list[tuple[str, bytes]]]
              ) -> None:
@@ -414,7 +413,7 @@ class Bench:
         rates: dict[str, list[float]] = {side: [] for side in sides}
         cpus: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
         for run, side in enumerate((sides[0], sides[1], sides[1], sides[0])):
-            rate, used, _ = self.drain(side, run, records(side, run))
+            rate, used = self.drain(side, run, records(side, run))
             rates[side].append(rate)
             cpus[side].append(used)
             log(f"one worker, {side}: {rate:,.0f} msg/s")
