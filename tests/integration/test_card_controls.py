@@ -20,24 +20,6 @@ from tests.support.factory import encode
 from tests.support.workers import payauth, wait_caught_up
 
 
-def _admin(env: stack.Env, *args: str) -> str:
-    """An operator's command, as the database's owner; it must succeed."""
-    done = payauth(env, *args, PAYAUTH_DATABASE_URL=env.dsn)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout
-
-
-def _controls(env: stack.Env, tmp_path: Path, cards: list[str], limits: list[str]) -> None:
-    """Load the cards (``card_id,account_id[,status,expires_on]`` lines) and the limits (the
-    columns of spending_limits) with ``payauth cards load`` and ``payauth limits load``."""
-    if cards:
-        (tmp_path / "cards.csv").write_text("\n".join(cards) + "\n")
-        _admin(env, "cards", "load", str(tmp_path / "cards.csv"))
-    if limits:
-        (tmp_path / "limits.csv").write_text("\n".join(limits) + "\n")
-        _admin(env, "limits", "load", str(tmp_path / "limits.csv"))
-
-
 def _blocks(env: stack.Env, *blocks: tuple[str, str, str, str]) -> None:
     """Card blocks, each (scope, scope_id, kind, value), inserted as an operator would (no
     command loads them)."""
@@ -77,7 +59,7 @@ def _outcomes(events: dict[str, dict[str, Any]], t: dict[str, str], *keys: str
 def test_a_duplicate_and_a_producer_retry_count_once(env, spawn_worker, tmp_path) -> None:
     t = lc.names("p1", "p2", "p3", "acc", "card", "lim")
     lc.seed(env, (t["acc"], "1000.00"))
-    _controls(env, tmp_path, [f"{t['card']},{t['acc']}"],
+    lc.controls(env, tmp_path, [f"{t['card']},{t['acc']}"],
               [f"{t['lim']},CARD,{t['card']},DAY,100.00,2"])
     first = _at(lc.msg(t["p1"], "PURCHASE", t["acc"], "40.00", card_id=t["card"]),
                 "2026-04-07T10:00:00Z")
@@ -105,7 +87,7 @@ def test_a_message_counts_in_its_own_day_and_zone(env, spawn_worker, tmp_path) -
     t = lc.names("late", "next", "same", "acc", "card", "lim", "ny_late", "ny_next", "acc2",
                  "card2", "lim2")
     lc.seed(env, (t["acc"], "1000.00"), (t["acc2"], "1000.00"))
-    _controls(env, tmp_path, [f"{t['card']},{t['acc']}", f"{t['card2']},{t['acc2']}"],
+    lc.controls(env, tmp_path, [f"{t['card']},{t['acc']}", f"{t['card2']},{t['acc2']}"],
               [f"{t['lim']},CARD,{t['card']},DAY,,1", f"{t['lim2']},CARD,{t['card2']},DAY,,1"])
     stamped = [
         _at(lc.msg(t["late"], "PURCHASE", t["acc"], "5.00", card_id=t["card"]),
@@ -146,7 +128,7 @@ def test_a_limit_of_a_category_counts_only_that_category(env, spawn_worker,
     t = lc.names("atm1", "shop", "atm2", "meal1", "meal2", "none", "acc", "card", "atm",
                  "meals")
     lc.seed(env, (t["acc"], "1000.00"))
-    _controls(env, tmp_path, [f"{t['card']},{t['acc']}"],
+    lc.controls(env, tmp_path, [f"{t['card']},{t['acc']}"],
               [f"{t['atm']},CARD,{t['card']},DAY,100.00,,6011",
                f"{t['meals']},ACCOUNT,{t['acc']},DAY,,1,5812"])
 
@@ -175,7 +157,7 @@ def test_two_messages_of_one_card_on_two_partitions_only_one_fitting_its_limit(
     decided by two workers at once, the card's limit room for one: exactly one approved."""
     t = lc.names("a", "b", "acc", "card", "lim")
     lc.seed(env, (t["acc"], "1000.00"))
-    _controls(env, tmp_path, [f"{t['card']},{t['acc']}"],
+    lc.controls(env, tmp_path, [f"{t['card']},{t['acc']}"],
               [f"{t['lim']},CARD,{t['card']},DAY,50.00,"])
     for key, partition in (("a", 0), ("b", 1)):
         message = _at(lc.msg(t[key], "PURCHASE", t["acc"], "30.00", card_id=t["card"]),
@@ -209,7 +191,7 @@ def test_explain_and_shadow_replay_read_the_usage_each_decision_read(env, spawn_
     is then altered, and the shadow replay follows it: it reads them."""
     t = lc.names("p1", "p2", "p3", "acc", "card", "lim")
     lc.seed(env, (t["acc"], "1000.00"))
-    _controls(env, tmp_path, [f"{t['card']},{t['acc']}"],
+    lc.controls(env, tmp_path, [f"{t['card']},{t['acc']}"],
               [f"{t['lim']},CARD,{t['card']},DAY,100.00,5"])
     lc.run(env, spawn_worker, [_on_card(t, "p1", "PURCHASE", "40.00"),
                                _on_card(t, "p2", "PURCHASE", "50.00"),
@@ -220,16 +202,16 @@ def test_explain_and_shadow_replay_read_the_usage_each_decision_read(env, spawn_
         "p3": ("DECLINED", "LIMIT_EXCEEDED")}
     read_by_p2 = (f"limit        {t['lim']} (2026-04-07): amount 40.00 of 100.00, count 1 of 5 "
                   "before it\n")
-    shown = _admin(env, "explain", t["p2"])
+    shown = lc.admin(env, "explain", t["p2"])
     assert read_by_p2 in shown, shown
-    assert "count 2 of 5 before it  <- exceeded" in _admin(env, "explain", t["p3"])
+    assert "count 2 of 5 before it  <- exceeded" in lc.admin(env, "explain", t["p3"])
     assert _shadow_changes(env, tmp_path) == []
 
     # p2's record as one decided before the typed column: its read in the document alone.
     stack.fetch(env.dsn, "UPDATE processed_transactions SET input_limits = "
                          "payauth_input_limits(input_limit_reads, NULL), "
                          "input_limit_reads = NULL WHERE txn_id = $1 RETURNING 1", t["p2"])
-    assert read_by_p2 in _admin(env, "explain", t["p2"])
+    assert read_by_p2 in lc.admin(env, "explain", t["p2"])
     assert _shadow_changes(env, tmp_path) == []
 
     # Each stored read altered as if the limit had been nearly full: the shadow replay
@@ -248,7 +230,7 @@ def test_a_full_reversal_gives_the_usage_and_the_count_back(env, spawn_worker,
                                                             tmp_path) -> None:
     t = lc.names("hold", "rev", "after", "buy", "part", "last", "acc", "card", "lim")
     lc.seed(env, (t["acc"], "1000.00"))
-    _controls(env, tmp_path, [f"{t['card']},{t['acc']}"],
+    lc.controls(env, tmp_path, [f"{t['card']},{t['acc']}"],
               [f"{t['lim']},CARD,{t['card']},DAY,100.00,2"])
     lc.run(env, spawn_worker, [_on_card(t, "hold", "AUTHORIZATION", "80.00")])
     assert _usage(env, t["lim"]) == {"2026-04-07": (80, 1)}
@@ -276,7 +258,7 @@ def test_a_reversal_of_an_increments_whole_amount_keeps_the_counts(env, spawn_wo
     back whole). The reversal of the rest is full: the counts go back too."""
     t = lc.names("hold", "inc", "part", "rest", "acc", "card", "lim")
     lc.seed(env, (t["acc"], "1000.00"))
-    _controls(env, tmp_path, [f"{t['card']},{t['acc']}"],
+    lc.controls(env, tmp_path, [f"{t['card']},{t['acc']}"],
               [f"{t['lim']},CARD,{t['card']},DAY,500.00,10"])
     lc.run(env, spawn_worker, [_on_card(t, "hold", "AUTHORIZATION", "50.00"),
                                _on_card(t, "inc", "INCREMENTAL", "20.00", t["hold"])])
@@ -299,7 +281,7 @@ def test_a_partial_reversal_gives_back_the_latest_increment_first(env, spawn_wor
     while the hold stands)."""
     t = lc.names("hold", "wed", "thu", "r1", "r2", "r3", "acc", "card", "lim")
     lc.seed(env, (t["acc"], "1000.00"))
-    _controls(env, tmp_path, [f"{t['card']},{t['acc']}"],
+    lc.controls(env, tmp_path, [f"{t['card']},{t['acc']}"],
               [f"{t['lim']},CARD,{t['card']},DAY,500.00,10"])
     lc.run(env, spawn_worker, [
         _on_card(t, "hold", "AUTHORIZATION", "50.00", at="2026-04-07T10:00:00Z"),
@@ -329,7 +311,7 @@ def test_an_advice_naming_a_card_of_another_account_counts_in_no_limit_of_that_c
     counts in its own account's limit, never in that card's."""
     t = lc.names("advice", "acc", "acc2", "card2", "lim2", "mine")
     lc.seed(env, (t["acc"], "1000.00"), (t["acc2"], "1000.00"))
-    _controls(env, tmp_path, [f"{t['card2']},{t['acc2']}"],
+    lc.controls(env, tmp_path, [f"{t['card2']},{t['acc2']}"],
               [f"{t['lim2']},CARD,{t['card2']},DAY,100.00,5",
                f"{t['mine']},ACCOUNT,{t['acc']},DAY,100.00,5"])
     lc.run(env, spawn_worker, [_at(lc.msg(t["advice"], "ADVICE", t["acc"], "30.00",
@@ -388,12 +370,12 @@ def test_a_card_frozen_between_two_messages(env, spawn_worker, tmp_path) -> None
     t = lc.names("before", "hold", "after", "clear", "rev", "advice", "verify", "acc", "card",
                  "lim", "hold2")
     lc.seed(env, (t["acc"], "1000.00"))
-    _controls(env, tmp_path, [f"{t['card']},{t['acc']}"],
+    lc.controls(env, tmp_path, [f"{t['card']},{t['acc']}"],
               [f"{t['lim']},CARD,{t['card']},DAY,150.00,"])
     lc.run(env, spawn_worker, [_on_card(t, "before", "PURCHASE", "20.00"),
                                _on_card(t, "hold", "AUTHORIZATION", "50.00"),
                                _on_card(t, "hold2", "AUTHORIZATION", "30.00")])
-    said = _admin(env, "cards", "status", t["card"], "FROZEN", "--reason", "lost in a taxi",
+    said = lc.admin(env, "cards", "status", t["card"], "FROZEN", "--reason", "lost in a taxi",
                   "--by", "agent-7")
     assert "ACTIVE -> FROZEN" in said
     lc.send_more(env, [_on_card(t, "after", "PURCHASE", "5.00"),
@@ -422,7 +404,7 @@ def test_expired_cards_blocked_merchants_and_unknown_cards(env, spawn_worker,
     t = lc.names("expired", "valid", "gambling", "country", "other", "nobody", "refund",
                  "plain", "acc", "acc2", "card", "old", "card2")
     lc.seed(env, (t["acc"], "1000.00"), (t["acc2"], "1000.00"))
-    _controls(env, tmp_path, [f"{t['card']},{t['acc']}",
+    lc.controls(env, tmp_path, [f"{t['card']},{t['acc']}",
                               f"{t['old']},{t['acc']},ACTIVE,2026-04-06",
                               f"{t['card2']},{t['acc2']}"], [])
     _blocks(env, ("CARD", t["card"], "CATEGORY", "7995"), ("ACCOUNT", t["acc"], "COUNTRY", "KP"))
@@ -457,7 +439,7 @@ def test_a_decline_names_the_first_control_in_the_contracts_order(env, spawn_wor
     purchase in a blocked category and a blocked country is CATEGORY_BLOCKED."""
     t = lc.names("frozen_old", "both", "acc", "card", "old")
     lc.seed(env, (t["acc"], "1000.00"))
-    _controls(env, tmp_path, [f"{t['card']},{t['acc']}",
+    lc.controls(env, tmp_path, [f"{t['card']},{t['acc']}",
                               f"{t['old']},{t['acc']},FROZEN,2026-04-06"], [])
     _blocks(env, ("CARD", t["card"], "CATEGORY", "7995"), ("ACCOUNT", t["acc"], "COUNTRY", "KP"))
     day = "2026-04-07T10:00:00Z"
@@ -477,7 +459,7 @@ def test_a_partial_approval_is_judged_by_the_limit_on_what_it_approves(
     declined whole where it has 50.00 left (a limit never partially approves)."""
     t = lc.names("fits", "past", "acc", "acc2", "card", "card2", "lim", "lim2")
     lc.seed(env, (t["acc"], "60.00"), (t["acc2"], "60.00"))
-    _controls(env, tmp_path, [f"{t['card']},{t['acc']}", f"{t['card2']},{t['acc2']}"],
+    lc.controls(env, tmp_path, [f"{t['card']},{t['acc']}", f"{t['card2']},{t['acc2']}"],
               [f"{t['lim']},CARD,{t['card']},DAY,80.00,", f"{t['lim2']},CARD,{t['card2']},"
                "DAY,50.00,"])
     day = "2026-04-07T10:00:00Z"
@@ -501,7 +483,7 @@ def test_a_weekly_limit_counts_from_monday(env, spawn_worker, tmp_path) -> None:
     declined."""
     t = lc.names("sun", "mon", "tue", "acc", "card", "lim")
     lc.seed(env, (t["acc"], "1000.00"))
-    _controls(env, tmp_path, [f"{t['card']},{t['acc']}"],
+    lc.controls(env, tmp_path, [f"{t['card']},{t['acc']}"],
               [f"{t['lim']},CARD,{t['card']},WEEK,,1"])
     lc.run(env, spawn_worker, [
         _on_card(t, "sun", "PURCHASE", "5.00", at="2026-04-12T10:00:00Z"),
@@ -539,7 +521,7 @@ def test_the_commands_refuse_bad_input_with_one_line_and_change_nothing(env,
                                                                         tmp_path) -> None:
     t = lc.names("acc", "card", "lim")
     lc.seed(env, (t["acc"], "10.00"))
-    _controls(env, tmp_path, [f"{t['card']},{t['acc']}"], [])
+    lc.controls(env, tmp_path, [f"{t['card']},{t['acc']}"], [])
     refused = [
         ("cards", "status", "NO-SUCH-" + t["card"], "FROZEN", "--reason", "x"),
         ("cards", "status", t["card"], "MELTED", "--reason", "x"),
@@ -580,7 +562,7 @@ def test_the_gauges_name_the_frozen_cards_and_the_limits_nearest_their_ceiling(
 
     t = lc.names("acc", "card", "lost", "lim", "lim2")
     lc.seed(env, (t["acc"], "10.00"))
-    _controls(env, tmp_path, [f"{t['card']},{t['acc']}", f"{t['lost']},{t['acc']},LOST"],
+    lc.controls(env, tmp_path, [f"{t['card']},{t['acc']}", f"{t['lost']},{t['acc']},LOST"],
               [f"{t['lim']},CARD,{t['card']},DAY,100.00,", f"{t['lim2']},CARD,{t['card']},"
                "MONTH,,10"])
     today = datetime.now(UTC).date()

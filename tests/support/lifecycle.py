@@ -1,11 +1,13 @@
-"""The lifecycle tests' vocabulary: messages of each kind keyed by account, one worker run
-over them, and what the database and the topics hold afterwards."""
+"""The lifecycle tests' vocabulary: messages of each kind keyed by account, the cards and
+limits an operator loads, one worker run over them, and what the database and the topics
+hold afterwards."""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 from tests.support import stack
@@ -100,3 +102,21 @@ def verified(env: stack.Env) -> None:
 
 def seed(env: stack.Env, *accounts: tuple[str, str]) -> None:
     asyncio.run(stack.seed_accounts(env.dsn, [(a, b, "EUR") for a, b in accounts]))
+
+
+def admin(env: stack.Env, *args: str) -> str:
+    """An operator's command, as the database's owner; it must succeed."""
+    done = payauth(env, *args, PAYAUTH_DATABASE_URL=env.dsn)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def controls(env: stack.Env, tmp_path: Path, cards: list[str], limits: list[str]) -> None:
+    """Load the cards (``card_id,account_id[,status,expires_on]`` lines) and the limits (the
+    columns of spending_limits) with ``payauth cards load`` and ``payauth limits load``."""
+    if cards:
+        (tmp_path / "cards.csv").write_text("\n".join(cards) + "\n")
+        admin(env, "cards", "load", str(tmp_path / "cards.csv"))
+    if limits:
+        (tmp_path / "limits.csv").write_text("\n".join(limits) + "\n")
+        admin(env, "limits", "load", str(tmp_path / "limits.csv"))

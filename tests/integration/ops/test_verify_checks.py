@@ -68,12 +68,8 @@ def test_each_check_names_what_breaks_it(check: str, env: stack.Env, spawn_worke
     t = lc.names("hold", "inc", "part", "buy", "pur", "rev", "big", "acc", "acc2", "card",
                  "lim")
     lc.seed(env, (t["acc"], "1000.00"), (t["acc2"], "40.00"))
-    (tmp_path / "cards.csv").write_text(f"{t['card']},{t['acc']}\n")
-    (tmp_path / "limits.csv").write_text(f"{t['lim']},CARD,{t['card']},DAY,500.00,10\n")
-    for args in (("cards", "load", str(tmp_path / "cards.csv")),
-                 ("limits", "load", str(tmp_path / "limits.csv"))):
-        done = payauth(env, *args, PAYAUTH_DATABASE_URL=env.dsn)
-        assert done.returncode == 0, done.stdout + done.stderr
+    lc.controls(env, tmp_path, [f"{t['card']},{t['acc']}"],
+                [f"{t['lim']},CARD,{t['card']},DAY,500.00,10"])
     lc.run(env, spawn_worker, [
         lc.msg(t["hold"], "AUTHORIZATION", t["acc"], "50.00", card_id=t["card"]),
         lc.msg(t["inc"], "INCREMENTAL", t["acc"], "20.00", t["hold"], card_id=t["card"]),
