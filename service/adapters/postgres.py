@@ -200,14 +200,24 @@ SELECT *
 _CLAIM_LOST_SQLSTATE = "PA409"
 
 
-def _message_time(auth: Authorization, processed_at: datetime) -> str:
-    """The message's own time, whose period its spending limits count in: its
+def _message_times(batch: Sequence[Authorization], processed_at: datetime) -> list[str]:
+    """Each message's own time, whose period its spending limits count in: its
     headers.timestamp (a naive one is UTC), or, for a message that has none, when it is
-    decided."""
-    sent = auth.sent_at
-    if sent is None:
-        return processed_at.isoformat()
-    return (sent if sent.tzinfo is not None else sent.replace(tzinfo=UTC)).isoformat()
+    decided. Each distinct time is written once a batch: a network stamps its messages to
+    the second, so a batch's thousand messages carry a few dozen times (equal instants
+    written alike: PostgreSQL reads the same timestamptz from either)."""
+    written: dict[datetime | None, str] = {}
+    out = []
+    for auth in batch:
+        sent = auth.sent_at
+        text = written.get(sent)
+        if text is None:
+            moment = processed_at if sent is None else \
+                sent if sent.tzinfo is not None else sent.replace(tzinfo=UTC)
+            text = written[sent] = moment.isoformat()
+        out.append(text)
+    return out
+
 
 _FLAG = {True: "t", False: "f"}  # a boolean column's texts
 
@@ -455,7 +465,7 @@ class PostgresStore:
                 joined([a.card_id for a in new]),
                 joined([a.merchant_category for a in new]),
                 joined([a.merchant_country for a in new]),
-                joined([_message_time(a, processed_at) for a in new]),
+                joined(_message_times(new, processed_at)),
                 self._limits_timezone))
         except Exception as exc:
             _raise_translated(exc)
