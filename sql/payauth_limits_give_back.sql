@@ -2,9 +2,12 @@
 -- original (a purchase, or a hold with its increments): in each limit, up to what it
 -- released or credited, taken from the charges kept under the original (the increments'
 -- first, the latest period first), never more than they counted. A full reversal gives the
--- counts back too: in each limit where nothing counted under the original is left; a
--- partial one keeps them, even when it takes an increment's whole amount back (the
--- authorization stands). Called by the batch statement's routes in the reversal's
+-- counts back too: in each limit where nothing counted under the original is left, once
+-- the original is no hold that stands (a purchase; a hold reversed whole, by this reversal
+-- or, in a batch, by a later one of it); a partial one keeps them, even when it takes an
+-- increment's whole amount back (the authorization stands, counted or not: a limit loaded
+-- after it, or its charge purged with its dedup period, left the increments' charges
+-- alone). Called by the batch statement's routes in the reversal's
 -- transaction, with the original's account locked. Clearings and expiry give nothing back:
 -- what was spent stays spent, and a hold that expires was approved.
 CREATE OR REPLACE FUNCTION payauth_limits_give_back(
@@ -37,6 +40,12 @@ BEGIN
          WHERE limit_id = c.limit_id AND period_start = c.period_start;
         left_ := left_ - take;
     END LOOP;
+    -- (A hold is read as the batch leaves it, under its account's lock: one a clearing or
+    -- an expiry ended was spent, one still active stands.)
+    IF EXISTS (SELECT 1 FROM holds h WHERE h.txn_id = p_original AND h.state <> 'REVERSED')
+    THEN
+        RETURN;
+    END IF;
     -- (The charges under the original are locked above, those with an amount left; the
     -- ones given back whole before are read here under the original's account lock.)
     FOR c IN SELECT * FROM limit_charges x

@@ -273,6 +273,30 @@ def test_a_reversal_of_an_increments_whole_amount_keeps_the_counts(env, spawn_wo
     lc.verified(env)
 
 
+def test_a_partial_reversal_keeps_the_count_of_an_increment_counted_alone(
+        env, spawn_worker, tmp_path) -> None:
+    """A hold of 50 placed before its card had a limit, then an increment of 20 counted
+    alone (20 and 1). A partial reversal of 20 takes the increment's amount back, not its
+    count: the hold stands (seen failing with the count given back, the increment's charge
+    being all the limit had counted under the hold). The reversal of the rest ends the
+    hold: the count goes back too."""
+    t = lc.names("hold", "inc", "part", "rest", "acc", "card", "lim")
+    lc.seed(env, (t["acc"], "1000.00"))
+    lc.controls(env, tmp_path, [f"{t['card']},{t['acc']}"], [])
+    lc.run(env, spawn_worker, [_on_card(t, "hold", "AUTHORIZATION", "50.00")])
+    lc.controls(env, tmp_path, [], [f"{t['lim']},CARD,{t['card']},DAY,500.00,10"])
+    lc.send_more(env, [_on_card(t, "inc", "INCREMENTAL", "20.00", t["hold"])])
+    assert _usage(env, t["lim"]) == {"2026-04-07": (20, 1)}
+    lc.send_more(env, [_on_card(t, "part", "REVERSAL", "20.00", t["hold"])])
+    assert _usage(env, t["lim"]) == {"2026-04-07": (0, 1)}
+    lc.send_more(env, [_on_card(t, "rest", "REVERSAL", "50.00", t["hold"])])
+    assert _usage(env, t["lim"]) == {"2026-04-07": (0, 0)}
+    events = lc.events(env, expect=4)
+    assert _outcomes(events, t, "hold", "inc", "part", "rest") == {
+        k: ("APPROVED", None) for k in ("hold", "inc", "part", "rest")}
+    lc.verified(env)
+
+
 def test_a_partial_reversal_gives_back_the_latest_increment_first(env, spawn_worker,
                                                                    tmp_path) -> None:
     """A hold of 50 on Tuesday, increments of 20 on Wednesday and 10 on Thursday, each
