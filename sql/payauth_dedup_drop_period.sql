@@ -1,8 +1,12 @@
 -- payauth_dedup_drop_period: detach the oldest partition of the dedup store whose whole
 -- period is past the retention window (p_retention_hours) and that keeps no record within
 -- it (an administrator may have set one's processed_at later), with the spending limits'
--- charges counted in that period (what a reversal would give back: after the window it
--- gives nothing back, which only ever keeps a limit stricter). One period a call, each in
+-- charges counted in that period (what a reversal would give back) but those kept under a
+-- hold that still stands: a reversal gives back what it releases of a hold whatever the
+-- hold's age, so those go with the period under way instead, to be looked at again when
+-- that one is dropped (a hold ends within PAYAUTH_HOLD_EXPIRY_HOURS: a few periods at
+-- most). A purchase's, and an ended hold's, go: a reversal after the window finds no
+-- record of its purchase, and an ended hold releases nothing. One period a call, each in
 -- its own transaction (`payauth purge` calls it until it answers nothing); returns the
 -- partition detached and how many records went with it (PostgreSQL's estimate for a
 -- partition analyzed), or no row. The detached partition is renamed NAME_purged, out of the
@@ -70,9 +74,17 @@ BEGIN
         IF n IS NULL THEN
             EXECUTE format('SELECT count(*) FROM %I', victim) INTO n;
         END IF;
+        UPDATE limit_charges c SET dedup_period = payauth_dedup_period(payauth_dedup_clock())
+         WHERE c.dedup_period >= lower_ AND c.dedup_period < upper_
+           AND EXISTS (SELECT 1 FROM holds h WHERE h.txn_id = c.txn_id AND h.state = 'ACTIVE');
         DELETE FROM limit_charges c
          WHERE c.dedup_period >= lower_ AND c.dedup_period < upper_;
         IF EXISTS (SELECT 1 FROM limit_charges c WHERE c.dedup_period IS NULL) THEN
+            UPDATE limit_charges c
+               SET dedup_period = payauth_dedup_period(payauth_dedup_clock())
+             WHERE c.dedup_period IS NULL
+               AND EXISTS (SELECT 1 FROM holds h
+                            WHERE h.txn_id = c.txn_id AND h.state = 'ACTIVE');
             EXECUTE format('DELETE FROM limit_charges c USING %I p '
                            'WHERE c.dedup_period IS NULL AND c.txn_id = p.txn_id', victim);
         END IF;

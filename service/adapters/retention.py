@@ -38,8 +38,10 @@ DELETE FROM {table}
 
 
 # Records past the window that no period takes whole, and the spending limits' charges kept
-# under them (what a reversal of that purchase or hold would give back): a reversal after
-# the window then gives nothing back, which only ever keeps a limit stricter, never looser.
+# under them (what a reversal of that purchase or hold would give back; a reversal after
+# the window finds no record of its purchase), but those of a hold that still stands: a
+# reversal gives back what it releases of a hold whatever the hold's age, so they go with
+# the period under way instead (as payauth_dedup_drop_period keeps them).
 # The records set before their own period (the partial index processed_transactions_set_
 # back_idx holds them, and only them: its predicate is written here the same way)...
 _DELETE_SET_BACK = """
@@ -50,8 +52,15 @@ WITH batch AS (
      ORDER BY processed_at
      LIMIT $2
        FOR UPDATE SKIP LOCKED
-), charges AS (  -- (a data-modifying WITH runs whether or not it is read)
-    DELETE FROM limit_charges c USING batch b WHERE c.txn_id = b.txn_id
+), kept AS (  -- (a data-modifying WITH runs whether or not it is read)
+    UPDATE limit_charges c SET dedup_period = payauth_dedup_period(payauth_dedup_clock())
+      FROM batch b
+     WHERE c.txn_id = b.txn_id
+       AND EXISTS (SELECT 1 FROM holds h WHERE h.txn_id = c.txn_id AND h.state = 'ACTIVE')
+), charges AS (
+    DELETE FROM limit_charges c USING batch b
+     WHERE c.txn_id = b.txn_id
+       AND NOT EXISTS (SELECT 1 FROM holds h WHERE h.txn_id = c.txn_id AND h.state = 'ACTIVE')
 )
 DELETE FROM processed_transactions p USING batch b
  WHERE p.txn_id = b.txn_id AND p.dedup_period = b.dedup_period
@@ -64,8 +73,15 @@ WITH batch AS (
      ORDER BY processed_at
      LIMIT $2
        FOR UPDATE SKIP LOCKED
+), kept AS (  -- (a data-modifying WITH runs whether or not it is read)
+    UPDATE limit_charges c SET dedup_period = payauth_dedup_period(payauth_dedup_clock())
+      FROM batch b
+     WHERE c.txn_id = b.txn_id
+       AND EXISTS (SELECT 1 FROM holds h WHERE h.txn_id = c.txn_id AND h.state = 'ACTIVE')
 ), charges AS (
-    DELETE FROM limit_charges c USING batch b WHERE c.txn_id = b.txn_id
+    DELETE FROM limit_charges c USING batch b
+     WHERE c.txn_id = b.txn_id
+       AND NOT EXISTS (SELECT 1 FROM holds h WHERE h.txn_id = c.txn_id AND h.state = 'ACTIVE')
 )
 DELETE FROM processed_transactions_default p USING batch b WHERE p.txn_id = b.txn_id
 """

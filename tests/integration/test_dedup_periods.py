@@ -22,7 +22,7 @@ import pytest
 from service.adapters import retention
 from service.adapters.postgres import PostgresStore
 from service.core.ports import TransientError
-from service.domain.messages import Authorization
+from service.domain.messages import Authorization, decode_authorization
 from service.ops.migrate import MIGRATIONS_DIR, migrate
 from tests.support import stack
 from tests.support.factory import auth_message, authorization, encode
@@ -359,6 +359,67 @@ def test_the_purge_drops_whole_periods_and_deletes_only_what_was_set_back(
         == sorted([placed[0][0], placed[-5][1], placed[-1][0]])
     assert not stack.fetch(env.dsn, "SELECT 1 FROM pg_class WHERE relname LIKE '%purged'")
     assert _purge(env.dsn) == 0
+
+
+def _on_card(txn: str, kind: str, amount: str, original: str | None = None) -> Authorization:
+    """A message of account LIM-ACC on its card LIM-CARD (stamped on the limit's one day)."""
+    return decode_authorization(encode(auth_message(
+        txn, account_id="LIM-ACC", amount=amount, authorization_type=kind,
+        card_id="LIM-CARD", **({"original_transaction_id": original} if original else {}))))
+
+
+def _limit_usage(dsn: str) -> tuple[Any, int]:
+    row = stack.fetch(dsn, "SELECT amount, count FROM limit_usage WHERE limit_id = 'LIM'")[0]
+    return row["amount"], row["count"]
+
+
+def test_a_hold_that_stands_keeps_its_limits_charges_past_the_window(env: stack.Env) -> None:
+    """Day -5: a hold of 50 and one of 30 on a card with a daily limit, the second reversed
+    whole; today an increment of 20 of the first, and a hold of 20 whose record an
+    administrator set back 100 days (usage 90, count 3). The purge drops day -5 and deletes
+    the set-back record: the charges of the holds that stand stay, with today's period
+    (looked at again when that one is dropped), the ended hold's goes. A partial reversal
+    of 60 then gives back the increment's 20 and 40 of the authorization's 50, keeping the
+    counts (seen failing with the authorization's charge gone with its day: 20 given back);
+    the reversal of the last 10 gives its two counts back."""
+    _stop_the_clock(env.dsn)
+    asyncio.run(stack.seed_accounts(env.dsn, [("LIM-ACC", "1000.00", "EUR")]))
+    stack.fetch(env.dsn, "INSERT INTO cards (card_id, account_id) VALUES ('LIM-CARD', "
+                         "'LIM-ACC')")
+    stack.fetch(env.dsn, "INSERT INTO spending_limits (limit_id, scope, scope_id, period, "
+                         "max_amount, max_count) VALUES ('LIM', 'CARD', 'LIM-CARD', 'DAY', "
+                         "500, 10)")
+    tag = uuid.uuid4().hex[:6]
+    stands, ended, set_back = f"H1-{tag}", f"H2-{tag}", f"H3-{tag}"
+    _set_clock(env.dsn, _at(-5, 10, 0, 0))
+    asyncio.run(_prepare_here(env.dsn))
+    _decide(env.dsn, [_on_card(stands, "AUTHORIZATION", "50.00"),
+                      _on_card(ended, "AUTHORIZATION", "30.00")])
+    _decide(env.dsn, [_on_card(f"R2-{tag}", "REVERSAL", "30.00", ended)])
+    stack.fetch(env.dsn, "UPDATE processed_transactions SET processed_at = $1",
+                _at(-5, 10, 0, 0))
+    _set_clock(env.dsn, None)
+    asyncio.run(_prepare_here(env.dsn))
+    _decide(env.dsn, [_on_card(f"I1-{tag}", "INCREMENTAL", "20.00", stands),
+                      _on_card(set_back, "AUTHORIZATION", "20.00")])
+    stack.fetch(env.dsn, "UPDATE processed_transactions SET processed_at = now() - "
+                         "interval '100 days' WHERE txn_id = $1", set_back)
+    assert _limit_usage(env.dsn) == (90, 3)
+
+    assert _purge(env.dsn) == 4
+    assert stack.fetch(env.dsn, "SELECT to_regclass($1) AS r", _part(_day(-5)))[0]["r"] is None
+    charges = stack.fetch(env.dsn, "SELECT txn_id, charged_by, amount, dedup_period "
+                                   "FROM limit_charges ORDER BY charged_by")
+    assert [(c["txn_id"], c["charged_by"], c["amount"], c["dedup_period"]) for c in charges] \
+        == [(stands, stands, 50, _day(0)), (set_back, set_back, 20, _day(0)),
+            (stands, f"I1-{tag}", 20, _day(0))]
+
+    _decide(env.dsn, [_on_card(f"R1-{tag}", "REVERSAL", "60.00", stands)])
+    assert _limit_usage(env.dsn) == (30, 3)
+    _decide(env.dsn, [_on_card(f"R3-{tag}", "REVERSAL", "10.00", stands)])
+    assert _limit_usage(env.dsn) == (20, 1)
+    assert stack.fetch(env.dsn, "SELECT state FROM holds WHERE txn_id = $1",
+                       stands)[0]["state"] == "REVERSED"
 
 
 def _decided_five_days_ago(dsn: str) -> Authorization:
