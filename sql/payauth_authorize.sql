@@ -22,7 +22,8 @@
 -- 2. Choose the route, from what is locked (the only place a route is chosen):
 --    * purchases (payauth_authorize_purchases): only PURCHASE, REFUND, VERIFICATION and
 --      BALANCE_INQUIRY (partial approvals and conversions among them), and no orphan
---      reversal waits for any of them; set-based.
+--      reversal nor early clearing waits for any of them (the loop voids a clearing that
+--      came before the purchase it names); set-based.
 --    * lifecycle (payauth_authorize_lifecycle): the lifecycle's common path, set-based:
 --      no orphan reversal nor early clearing waits for a message of the batch; every
 --      ADVICE, REVERSAL, CLEARING and INCREMENTAL of a known account with an amount in its
@@ -187,7 +188,9 @@ BEGIN
     IF route IS NULL THEN  -- (and again for the messages left after claims lost, below)
     IF p_auth_types <@ '{PURCHASE,REFUND,VERIFICATION,BALANCE_INQUIRY}'::text[]
        AND NOT EXISTS (SELECT 1 FROM orphan_reversals r
-                        WHERE r.state = 'WAITING' AND r.original_txn_id = ANY(p_txn_ids)) THEN
+                        WHERE r.state = 'WAITING' AND r.original_txn_id = ANY(p_txn_ids))
+       AND NOT EXISTS (SELECT 1 FROM early_clearings e
+                        WHERE e.state = 'WAITING' AND e.original_txn_id = ANY(p_txn_ids)) THEN
         route := 'purchases';
     ELSE
         -- The accounts whose messages only the loop decides (payauth_loop_accounts, the one

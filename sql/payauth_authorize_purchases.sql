@@ -1,6 +1,6 @@
 -- payauth_authorize_purchases: payauth_authorize's route for a batch of PURCHASE, REFUND,
--- VERIFICATION and BALANCE_INQUIRY that no orphan reversal waits for (sql/payauth_authorize.sql
--- chooses it, with the accounts locked). Set-based: read the accounts once, decide each
+-- VERIFICATION and BALANCE_INQUIRY that no orphan reversal nor early clearing waits for
+-- (sql/payauth_authorize.sql chooses it, with the accounts locked). Set-based: read the accounts once, decide each
 -- message in offset order against the available balance (balance - held) the ones before
 -- it left, with payauth_decide, in memory; then one statement claims the keys, writes the
 -- ledger and moves the balances. The claim is the primary key of processed_transactions

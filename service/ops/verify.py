@@ -66,17 +66,23 @@ LIFECYCLE_CHECKS = (
             GROUP BY h.txn_id
            HAVING sum(m.amount_applied) > min(h.amount + h.incremented)""",
     ),
+    # Every approval that spends, not only a partial one (an advice is never declined; a
+    # record of a version before amount_approved approved its amount as sent).
     Check(
-        "a partial approval never above the available balance it read",
-        """SELECT txn_id || ': approved ' || amount_approved || ' of ' || input_balance
-                  || ' available'
-             FROM processed_transactions
-            WHERE result = 'APPROVED' AND partial_ok
-              AND authorization_type IN ('PURCHASE', 'AUTHORIZATION')
-              AND amount_approved < payauth_account_amount(
-                      input_currency::text, currency::text, amount,
-                      billing_currency::text, billing_amount)
-              AND (amount_approved > input_balance OR amount_approved <= 0)""",
+        "an approval (a partial one too) never above what was asked nor the available "
+        "balance it read",
+        """SELECT x.txn_id || ': approved ' || x.approved || ' of ' || x.asked || ' asked, '
+                  || x.available || ' available'
+             FROM (SELECT txn_id, input_balance AS available,
+                          coalesce(amount_approved, amount) AS approved,
+                          payauth_account_amount(input_currency::text, currency::text,
+                                                 amount, billing_currency::text,
+                                                 billing_amount) AS asked
+                     FROM processed_transactions
+                    WHERE result = 'APPROVED'
+                      AND authorization_type IN ('PURCHASE', 'AUTHORIZATION',
+                                                 'INCREMENTAL')) x
+            WHERE x.approved > x.available OR x.approved > x.asked OR x.approved <= 0""",
     ),
     Check(
         "available = balance - held (the accounts' held = what active holds keep)",
@@ -154,6 +160,22 @@ LIFECYCLE_CHECKS = (
                                WHERE l.txn_id = r.original_txn_id AND l.type = 'PURCHASE'
                                  AND l.account_id = r.account_id
                                  AND l.currency = r.currency))""",
+    ),
+    # Likewise a clearing that came before its original: the original's decision applies
+    # it (a hold placed net of it) or voids it (declined, another account, a purchase).
+    Check(
+        "no clearing waits for its original although it has been decided",
+        """SELECT e.txn_id || ' waits for ' || e.original_txn_id || ', decided on '
+                  || e.account_id
+             FROM early_clearings e
+            WHERE e.state = 'WAITING'
+              AND (EXISTS (SELECT 1 FROM holds h
+                            WHERE h.txn_id = e.original_txn_id
+                              AND h.account_id = e.account_id AND h.currency = e.currency)
+                   OR EXISTS (SELECT 1 FROM ledger_entries l
+                               WHERE l.txn_id = e.original_txn_id AND l.type = 'PURCHASE'
+                                 AND l.account_id = e.account_id
+                                 AND l.currency = e.currency))""",
     ),
     Check(
         "available below zero only through advices and clearings",
@@ -249,12 +271,14 @@ CHECKS = (
     # The amount posted is what was approved in the account's currency (a partial approval,
     # a conversion), or the amount as sent by a version before those.
     Check(
-        "every approved transaction has its ledger entry, with the approved amount and account",
+        "every approved transaction has its ledger entry, of its kind, with the approved "
+        "amount and account",
         """SELECT p.txn_id FROM processed_transactions p
              LEFT JOIN ledger_entries l ON l.txn_id = p.txn_id
             WHERE p.result = 'APPROVED'
               AND p.authorization_type IN ('PURCHASE', 'REFUND', 'CLEARING')
               AND (l.txn_id IS NULL OR l.account_id <> p.account_id
+                   OR l.type <> p.authorization_type
                    OR abs(l.amount) <> coalesce(p.amount_approved, p.amount)
                    OR l.currency <> coalesce(p.input_currency, p.currency))""",
     ),

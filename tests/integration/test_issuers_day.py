@@ -232,6 +232,28 @@ def test_an_advice_after_its_final_clearing_holds_nothing(env, spawn_worker) -> 
     lc.verified(env)
 
 
+def test_a_clearing_before_the_purchase_it_names_is_voided_by_the_purchases_route(
+        env, spawn_worker) -> None:
+    """A clearing that names a transaction not known yet posts at once and waits; the
+    original turns out to be a purchase, decided alone in a later batch (the purchases
+    route): the clearing is voided, as the loop voids it beside a lifecycle message (seen
+    failing: left waiting for ever, and `payauth verify` said nothing of it)."""
+    t = lc.names("clr", "buy", "acc")
+    acc = t["acc"]
+    lc.seed(env, (acc, "100.00"))
+    lc.run(env, spawn_worker, [lc.msg(t["clr"], "CLEARING", acc, "30.00", t["buy"])])
+    lc.send_more(env, [lc.msg(t["buy"], "PURCHASE", acc, "30.00")])
+    state = stack.fetch(env.dsn, "SELECT state FROM early_clearings WHERE txn_id = $1",
+                        t["clr"])
+    assert state[0]["state"] == "VOID"
+    events = lc.events(env, expect=2)
+    assert events[t["clr"]]["forced"] is True
+    assert events[t["buy"]]["result"] == "APPROVED"
+    # (Each posted once: the clearing when it came, the purchase as any purchase.)
+    assert lc.balances(env, acc) == (Decimal("40.00"), Decimal("0"), Decimal("40.00"))
+    lc.verified(env)
+
+
 def test_a_purchase_abroad_moves_its_billing_amount(env, spawn_worker) -> None:
     t = lc.names("abroad", "nobill", "hold", "clr", "clr_nobill", "acc")
     acc = t["acc"]

@@ -28,7 +28,8 @@ BREAKS = {
         "UPDATE holds SET incremented = incremented + 5 WHERE txn_id = '{hold}'",
     "what a hold's clearings and reversals released never above what it held":
         "UPDATE lifecycle_messages SET amount_applied = 500 WHERE txn_id = '{part}'",
-    "a partial approval never above the available balance it read":
+    "an approval (a partial one too) never above what was asked nor the available "
+    "balance it read":
         "UPDATE processed_transactions SET input_balance = 10 WHERE txn_id = '{buy}'",
     "each spending limit's usage is what its charges count":
         # (below its charges: a period older than the oldest record kept may hold more)
@@ -47,6 +48,9 @@ BREAKS = {
         "UPDATE ledger_entries SET amount = 50 WHERE txn_id = '{rev}'",
     "available below zero only through advices and clearings":
         "UPDATE holds SET account_id = '{acc2}' WHERE txn_id = '{hold}'",
+    "no clearing waits for its original although it has been decided":
+        "INSERT INTO early_clearings (txn_id, original_txn_id, account_id, currency, amount, "
+        "final, state) VALUES ('{big}-early', '{pur}', '{acc}', 'EUR', 1, true, 'WAITING')",
     "no negative (or NaN) balance but through a clearing":
         "UPDATE accounts SET balance = -1 WHERE account_id = '{acc2}'",
     "at most one ledger entry per transaction":
@@ -55,16 +59,35 @@ BREAKS = {
     "every processed transaction has a result":
         "ALTER TABLE processed_transactions DROP CONSTRAINT processed_transactions_check; "
         "UPDATE processed_transactions SET decline_reason = NULL WHERE txn_id = '{big}'",
-    "every approved transaction has its ledger entry, with the approved amount and account":
+    "every approved transaction has its ledger entry, of its kind, with the approved "
+    "amount and account":
         "UPDATE ledger_entries SET amount = amount + 1 WHERE txn_id = '{pur}'",
     "no ledger entry for a declined transaction":
         "UPDATE ledger_entries SET txn_id = '{big}' WHERE txn_id = '{pur}'",
 }
 
 
-@pytest.mark.parametrize("check", sorted(BREAKS))
-def test_each_check_names_what_breaks_it(check: str, env: stack.Env, spawn_worker,
-                                         tmp_path: Path) -> None:
+# More ways to break a check, each one the check once let through (as BREAKS).
+MORE_BREAKS = [
+    # a full approval (no partial_approval_supported) above the balance it read
+    ("an approval (a partial one too) never above what was asked nor the available "
+     "balance it read",
+     "UPDATE processed_transactions SET input_balance = 5 WHERE txn_id = '{pur}'"),
+    # more approved than asked, posted as approved
+    ("an approval (a partial one too) never above what was asked nor the available "
+     "balance it read",
+     "UPDATE processed_transactions SET amount_approved = 20 WHERE txn_id = '{pur}'"),
+    # a purchase's debit posted as a credit of the same amount
+    ("every approved transaction has its ledger entry, of its kind, with the approved "
+     "amount and account",
+     "UPDATE ledger_entries SET type = 'REFUND', amount = -amount WHERE txn_id = '{pur}'"),
+]
+
+
+@pytest.mark.parametrize(("check", "statements"),
+                         [*sorted(BREAKS.items()), *MORE_BREAKS])
+def test_each_check_names_what_breaks_it(check: str, statements: str, env: stack.Env,
+                                         spawn_worker, tmp_path: Path) -> None:
     t = lc.names("hold", "inc", "part", "buy", "pur", "rev", "big", "acc", "acc2", "card",
                  "lim")
     lc.seed(env, (t["acc"], "1000.00"), (t["acc2"], "40.00"))
@@ -84,7 +107,7 @@ def test_each_check_names_what_breaks_it(check: str, env: stack.Env, spawn_worke
         ("40.00", True)
     lc.verified(env)
 
-    *before, breaking = BREAKS[check].format(**t).split("; ")
+    *before, breaking = statements.format(**t).split("; ")
     for statement in before:
         stack.fetch(env.dsn, statement)
     assert stack.fetch(env.dsn, breaking + " RETURNING 1"), breaking  # a row was broken
