@@ -27,6 +27,26 @@ LIFECYCLE_CHECKS = (
              FROM holds
             WHERE remaining < 0 OR remaining > amount + incremented""",
     ),
+    # What a hold holds at most is what its messages approved: its AUTHORIZATION or ADVICE,
+    # and its INCREMENTALs (lifecycle_messages, never purged; a record of a version before
+    # amount_approved approved its amount as sent).
+    Check(
+        "each hold's amount and increments are what its messages approved",
+        """SELECT h.txn_id || ': ' || h.amount || ' + ' || h.incremented || ' held, '
+                  || coalesce(m.approved::text, 'no message') || ' + '
+                  || coalesce(i.added, 0) || ' approved'
+             FROM holds h
+             LEFT JOIN (SELECT txn_id, coalesce(amount_approved, amount) AS approved
+                          FROM lifecycle_messages
+                         WHERE kind IN ('AUTHORIZATION', 'ADVICE') AND result = 'APPROVED') m
+                    ON m.txn_id = h.txn_id
+             LEFT JOIN (SELECT original_txn_id, sum(amount_applied) AS added
+                          FROM lifecycle_messages
+                         WHERE kind = 'INCREMENTAL' AND result = 'APPROVED'
+                         GROUP BY original_txn_id) i ON i.original_txn_id = h.txn_id
+            WHERE m.approved IS DISTINCT FROM h.amount
+               OR coalesce(i.added, 0) <> h.incremented""",
+    ),
     # What a hold kept, it released once: what remains, plus what its reversals and its
     # clearings released (non-final ones as they came; a final one, or an expiry, at its
     # end), plus what orphan reversals and clearings that came before it took when it was

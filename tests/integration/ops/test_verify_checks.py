@@ -26,6 +26,9 @@ BREAKS = {
     "what each hold placed and added = what remains + what reversals, clearings and its "
     "end released":
         "UPDATE holds SET incremented = incremented + 5 WHERE txn_id = '{hold}'",
+    "each hold's amount and increments are what its messages approved":
+        "UPDATE holds SET incremented = incremented + 400, remaining = remaining + 400 "
+        "WHERE txn_id = '{hold}'",
     "what a hold's clearings and reversals released never above what it held":
         "UPDATE lifecycle_messages SET amount_applied = 500 WHERE txn_id = '{part}'",
     "an approval (a partial one too) never above what was asked nor the available "
