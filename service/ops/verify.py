@@ -211,9 +211,10 @@ LIFECYCLE_CHECKS = (
 
 # Card controls (docs/operations.md, "Card controls and spending limits").
 CONTROLS_CHECKS = (
-    # (The purge takes the charges away with their dedup records and keeps the usage: a
-    # period that began, with a day to spare, after the oldest record kept has all its
-    # charges; an older one's usage is at least what they count.)
+    # (The purge takes the charges away with their dedup records, but a standing hold's,
+    # and keeps the usage: a period that began, with a day to spare, after the oldest record
+    # kept has all its charges; an older one's usage is at least what they count, a usage
+    # that is missing counting nothing.)
     Check(
         "each spending limit's usage is what its charges count",
         """SELECT coalesce(u.limit_id, c.limit_id) || ' ' || coalesce(u.period_start,
@@ -229,7 +230,8 @@ CONTROLS_CHECKS = (
                             >= (SELECT min(processed_at)::date FROM processed_transactions)
                        THEN coalesce(u.amount, 0) <> coalesce(c.amount, 0)
                             OR coalesce(u.count, 0) <> coalesce(c.count, 0)
-                       ELSE u.amount < c.amount OR u.count < c.count END""",
+                       ELSE coalesce(u.amount, 0) < coalesce(c.amount, 0)
+                            OR coalesce(u.count, 0) < coalesce(c.count, 0) END""",
     ),
     Check(
         "a limit counts an approved message, never more than was approved",

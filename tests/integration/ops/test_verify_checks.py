@@ -80,6 +80,8 @@ MORE_BREAKS = [
     ("an approval (a partial one too) never above what was asked nor the available "
      "balance it read",
      "UPDATE processed_transactions SET amount_approved = 20 WHERE txn_id = '{pur}'"),
+    # charges whose usage is gone (in a period older than the oldest record kept)
+    ("each spending limit's usage is what its charges count", "DELETE FROM limit_usage"),
     # a purchase's debit posted as a credit of the same amount
     ("every approved transaction has its ledger entry, of its kind, with the approved "
      "amount and account",
