@@ -123,11 +123,15 @@ LIFECYCLE_CHECKS = (
                OR (h.state = 'ACTIVE' AND count(m.txn_id) > 0)
                OR (h.state = 'EXPIRED' AND count(m.txn_id) > 0)
                OR (h.state IN ('CLEARED', 'REVERSED') AND count(m.txn_id) = 0
-                   AND h.ended_by IS NOT NULL
-                   -- (a final clearing that came before the hold ended it as it was placed)
+                   -- (a final clearing that came before the hold ended it as it was placed;
+                   -- orphan reversals of all of it, as it was placed, with no message)
                    AND NOT EXISTS (SELECT 1 FROM early_clearings e
                                     WHERE e.txn_id = h.ended_by AND e.final
-                                      AND e.state = 'APPLIED'))""",
+                                      AND e.state = 'APPLIED')
+                   AND NOT (h.state = 'REVERSED' AND h.ended_by IS NULL
+                            AND EXISTS (SELECT 1 FROM orphan_reversals o
+                                         WHERE o.original_txn_id = h.txn_id
+                                           AND o.state = 'APPLIED')))""",
     ),
     Check(
         "no ledger entry for a hold",

@@ -88,6 +88,7 @@ def test_verify_names_a_ledger_entry_and_a_hold_of_no_account(env: stack.Env) ->
     broken = payauth(env, "verify")
     assert broken.returncode == 1
     failed = [line for line in broken.stdout.splitlines() if line.startswith("FAIL")]
-    assert len(failed) == 1, broken.stdout
+    assert len(failed) == 2, broken.stdout  # (and the hold that no message placed)
     assert "every ledger entry and hold names an account" in failed[0]
     assert "ledger entry P1 of NO-SUCH" in failed[0] and "hold A1 of NO-SUCH" in failed[0]
+    assert "each hold's amount and increments are what its messages approved" in failed[1]

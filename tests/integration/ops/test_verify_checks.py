@@ -82,6 +82,10 @@ MORE_BREAKS = [
      "UPDATE processed_transactions SET amount_approved = 20 WHERE txn_id = '{pur}'"),
     # charges whose usage is gone (in a period older than the oldest record kept)
     ("each spending limit's usage is what its charges count", "DELETE FROM limit_usage"),
+    # a hold ended with no message that ended it
+    ("a hold ends at most once",
+     "UPDATE holds SET state = 'CLEARED', released = remaining, remaining = 0, "
+     "ended_at = now() WHERE txn_id = '{hold}'"),
     # a purchase's debit posted as a credit of the same amount
     ("every approved transaction has its ledger entry, of its kind, with the approved "
      "amount and account",
