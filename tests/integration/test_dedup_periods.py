@@ -513,6 +513,48 @@ def test_a_drop_waiting_for_a_vacuum_of_its_period_makes_no_claim_wait(
                            old.transaction_id)
 
 
+def test_a_charge_given_back_while_its_period_is_dropped_stays_with_its_standing_hold(
+        env: stack.Env) -> None:
+    """The drop reads whether a charge's hold stands without locking the hold: a reversal
+    that gives part of the charge back (its row locked, the hold left active) while the
+    drop waits for that row is committed first, and the drop then keeps the charge, as the
+    reversal left it, with today's period (seen failing with the charge deleted)."""
+    _decided_five_days_ago(env.dsn)
+    hold = f"HOLD-{uuid.uuid4().hex[:6]}"
+    stack.fetch(env.dsn, "INSERT INTO holds (txn_id, account_id, currency, kind, amount, "
+                         "remaining, state, limited) "
+                         "VALUES ($1, 'NO-SUCH-ACCOUNT', 'EUR', 'AUTHORIZATION', 50, 50, "
+                         "'ACTIVE', true)", hold)
+    stack.fetch(env.dsn, "INSERT INTO limit_charges (txn_id, charged_by, limit_id, "
+                         "period_start, amount, count, dedup_period) "
+                         "VALUES ($1, $1, 'L', current_date, 50, 1, $2)", hold, _day(-5))
+
+    async def drop_beside_a_reversal() -> list[Any]:
+        conn = await asyncpg.connect(env.dsn)
+        reversal = await asyncpg.connect(env.dsn)
+        try:
+            async with reversal.transaction():  # as payauth_limits_give_back does
+                assert await reversal.fetch(
+                    "SELECT 1 FROM limit_charges WHERE txn_id = $1 FOR UPDATE", hold)
+                await reversal.execute("UPDATE limit_charges SET amount = amount - 20 "
+                                       "WHERE txn_id = $1", hold)
+                await reversal.execute("UPDATE holds SET remaining = 30 WHERE txn_id = $1",
+                                       hold)
+                drop = asyncio.create_task(
+                    conn.fetch("SELECT * FROM payauth_dedup_drop_period(72)"))
+                await stack.until_a_lock_is_awaited(env.dsn)  # the drop, behind the charge
+            return await drop
+        finally:
+            await reversal.close()
+            await conn.close()
+
+    dropped = asyncio.run(drop_beside_a_reversal())
+    assert [r["part"] for r in dropped] == [_part(_day(-5))]
+    assert [(r["amount"], r["dedup_period"]) for r in stack.fetch(
+        env.dsn, "SELECT amount, dedup_period FROM limit_charges WHERE txn_id = $1", hold)] \
+        == [(30, _day(0))]
+
+
 def test_a_record_set_within_the_window_while_its_period_is_dropped_keeps_it(
         env: stack.Env) -> None:
     """The drop reads whether its period holds a record within the window before it locks
