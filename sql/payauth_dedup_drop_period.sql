@@ -79,6 +79,8 @@ BEGIN
            AND EXISTS (SELECT 1 FROM holds h WHERE h.txn_id = c.txn_id AND h.state = 'ACTIVE');
         DELETE FROM limit_charges c
          WHERE c.dedup_period >= lower_ AND c.dedup_period < upper_;
+        -- (The charges of before periods apart: one condition with both reads every
+        -- charge instead of the period's by its index.)
         IF EXISTS (SELECT 1 FROM limit_charges c WHERE c.dedup_period IS NULL) THEN
             UPDATE limit_charges c
                SET dedup_period = payauth_dedup_period(payauth_dedup_clock())

@@ -3,7 +3,8 @@
 -- purchase or hold a reversal would name (an INCREMENTAL's: its hold's), and each limit's
 -- usage in its period raised by the sum. Each charge is stamped with the dedup store's
 -- period the batch claims in (payauth_claim_period), that of the counted message's record:
--- the purge drops the charge with that period. Called by the batch statement's routes,
+-- the purge drops the charge with that period (a standing hold's goes with a later one,
+-- payauth_dedup_drop_period). Called by the batch statement's routes,
 -- after the batch's claims, with the accounts locked: a limit's usage is written only
 -- under the lock of its account, so two batches never count one limit at once. A charge
 -- written twice (a message counted twice) is a unique violation: payauth_authorize answers

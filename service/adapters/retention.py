@@ -37,14 +37,28 @@ DELETE FROM {table}
 """
 
 
-# Records past the window that no period takes whole, and the spending limits' charges kept
-# under them (what a reversal of that purchase or hold would give back; a reversal after
-# the window finds no record of its purchase), but those of a hold that still stands: a
-# reversal gives back what it releases of a hold whatever the hold's age, so they go with
-# the period under way instead (as payauth_dedup_drop_period keeps them).
+# The spending limits' charges kept under a purge's batch of records (``batch``: what a
+# reversal of that purchase or hold would give back) go with them, but a standing hold's:
+# a reversal gives back what it releases of a hold whatever the hold's age, so those go
+# with the period under way instead (as payauth_dedup_drop_period keeps them). (A
+# data-modifying WITH runs whether or not it is read.)
+_BATCH_CHARGES = """kept AS (
+    UPDATE limit_charges c SET dedup_period = payauth_dedup_period(payauth_dedup_clock())
+      FROM batch b
+     WHERE c.txn_id = b.txn_id
+       AND EXISTS (SELECT 1 FROM holds h WHERE h.txn_id = c.txn_id AND h.state = 'ACTIVE')
+), charges AS (
+    DELETE FROM limit_charges c USING batch b
+     WHERE c.txn_id = b.txn_id
+       AND NOT EXISTS (SELECT 1 FROM holds h WHERE h.txn_id = c.txn_id AND h.state = 'ACTIVE')
+)"""
+
+
+# Records past the window that no period takes whole, with their charges (_BATCH_CHARGES;
+# a reversal after the window finds no record of its purchase, and gives nothing back).
 # The records set before their own period (the partial index processed_transactions_set_
 # back_idx holds them, and only them: its predicate is written here the same way)...
-_DELETE_SET_BACK = """
+_DELETE_SET_BACK = f"""
 WITH batch AS (
     SELECT txn_id, dedup_period FROM processed_transactions
      WHERE processed_at < now() - $1::float8 * interval '1 hour'
@@ -52,37 +66,19 @@ WITH batch AS (
      ORDER BY processed_at
      LIMIT $2
        FOR UPDATE SKIP LOCKED
-), kept AS (  -- (a data-modifying WITH runs whether or not it is read)
-    UPDATE limit_charges c SET dedup_period = payauth_dedup_period(payauth_dedup_clock())
-      FROM batch b
-     WHERE c.txn_id = b.txn_id
-       AND EXISTS (SELECT 1 FROM holds h WHERE h.txn_id = c.txn_id AND h.state = 'ACTIVE')
-), charges AS (
-    DELETE FROM limit_charges c USING batch b
-     WHERE c.txn_id = b.txn_id
-       AND NOT EXISTS (SELECT 1 FROM holds h WHERE h.txn_id = c.txn_id AND h.state = 'ACTIVE')
-)
+), {_BATCH_CHARGES}
 DELETE FROM processed_transactions p USING batch b
  WHERE p.txn_id = b.txn_id AND p.dedup_period = b.dedup_period
 """
 # ... and the default partition's (kept there for want of their period's partition).
-_DELETE_DEFAULT = """
+_DELETE_DEFAULT = f"""
 WITH batch AS (
     SELECT txn_id FROM processed_transactions_default
      WHERE processed_at < now() - $1::float8 * interval '1 hour'
      ORDER BY processed_at
      LIMIT $2
        FOR UPDATE SKIP LOCKED
-), kept AS (  -- (a data-modifying WITH runs whether or not it is read)
-    UPDATE limit_charges c SET dedup_period = payauth_dedup_period(payauth_dedup_clock())
-      FROM batch b
-     WHERE c.txn_id = b.txn_id
-       AND EXISTS (SELECT 1 FROM holds h WHERE h.txn_id = c.txn_id AND h.state = 'ACTIVE')
-), charges AS (
-    DELETE FROM limit_charges c USING batch b
-     WHERE c.txn_id = b.txn_id
-       AND NOT EXISTS (SELECT 1 FROM holds h WHERE h.txn_id = c.txn_id AND h.state = 'ACTIVE')
-)
+), {_BATCH_CHARGES}
 DELETE FROM processed_transactions_default p USING batch b WHERE p.txn_id = b.txn_id
 """
 # Publication receipts of the same age: every record that relied on one is older still

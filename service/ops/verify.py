@@ -17,6 +17,23 @@ class Check:
     sql: str
 
 
+def _waiting_for_a_decided_original(table: str) -> str:
+    """The rows of ``table`` (orphan_reversals, early_clearings: messages kept until their
+    original comes) still WAITING although their original was decided on their account:
+    a hold placed, or a purchase posted, of the same account and currency."""
+    return f"""SELECT w.txn_id || ' waits for ' || w.original_txn_id || ', decided on '
+                  || w.account_id
+             FROM {table} w
+            WHERE w.state = 'WAITING'
+              AND (EXISTS (SELECT 1 FROM holds h
+                            WHERE h.txn_id = w.original_txn_id
+                              AND h.account_id = w.account_id AND h.currency = w.currency)
+                   OR EXISTS (SELECT 1 FROM ledger_entries l
+                               WHERE l.txn_id = w.original_txn_id AND l.type = 'PURCHASE'
+                                 AND l.account_id = w.account_id
+                                 AND l.currency = w.currency))"""
+
+
 # The lifecycle's (docs/lifecycle.md). A hold's amount is always accounted for: what
 # remains, what reversals released (at their decision, or as orphans when it was placed),
 # and what its end released.
@@ -171,36 +188,12 @@ LIFECYCLE_CHECKS = (
     # original was approved on its account (a purchase posted, a hold placed) lost what it
     # should have released or credited. (An original declined, or of another account, voids
     # its orphans and changes nothing: one left waiting by a race with it moved no money.)
-    Check(
-        "no reversal waits although its original has been decided",
-        """SELECT r.txn_id || ' waits for ' || r.original_txn_id || ', decided on '
-                  || r.account_id
-             FROM orphan_reversals r
-            WHERE r.state = 'WAITING'
-              AND (EXISTS (SELECT 1 FROM holds h
-                            WHERE h.txn_id = r.original_txn_id
-                              AND h.account_id = r.account_id AND h.currency = r.currency)
-                   OR EXISTS (SELECT 1 FROM ledger_entries l
-                               WHERE l.txn_id = r.original_txn_id AND l.type = 'PURCHASE'
-                                 AND l.account_id = r.account_id
-                                 AND l.currency = r.currency))""",
-    ),
+    Check("no reversal waits although its original has been decided",
+          _waiting_for_a_decided_original("orphan_reversals")),
     # Likewise a clearing that came before its original: the original's decision applies
     # it (a hold placed net of it) or voids it (declined, another account, a purchase).
-    Check(
-        "no clearing waits for its original although it has been decided",
-        """SELECT e.txn_id || ' waits for ' || e.original_txn_id || ', decided on '
-                  || e.account_id
-             FROM early_clearings e
-            WHERE e.state = 'WAITING'
-              AND (EXISTS (SELECT 1 FROM holds h
-                            WHERE h.txn_id = e.original_txn_id
-                              AND h.account_id = e.account_id AND h.currency = e.currency)
-                   OR EXISTS (SELECT 1 FROM ledger_entries l
-                               WHERE l.txn_id = e.original_txn_id AND l.type = 'PURCHASE'
-                                 AND l.account_id = e.account_id
-                                 AND l.currency = e.currency))""",
-    ),
+    Check("no clearing waits for its original although it has been decided",
+          _waiting_for_a_decided_original("early_clearings")),
     Check(
         "available below zero only through advices and clearings",
         """SELECT b.account_id || ': available ' || b.available FROM account_balances b
