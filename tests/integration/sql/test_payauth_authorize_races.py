@@ -116,6 +116,25 @@ def test_a_clearing_kept_while_its_hold_is_decided_elsewhere_is_netted(
     assert early["state"] == "APPLIED"
 
 
+def test_a_clearing_kept_while_the_purchase_it_names_is_decided_elsewhere_is_voided(
+        env: stack.Env) -> None:
+    """The same race for a clearing that names a purchase: 1. a batch holds the clearing C1
+    of X1, not known yet: posted, kept as an early clearing, the account locked, not
+    committed. 2. Another batch, of the purchase X1 alone, waits for the account. 3. C1
+    commits; the purchase's batch, choosing its route after the lock, must find C1 and
+    void it (seen failing: the purchases route chosen, C1 left waiting)."""
+    account = f"RACE-{uuid.uuid4().hex[:6]}"
+    asyncio.run(stack.seed_accounts(env.dsn, [(account, "100.00", "EUR")]))
+    clearing, purchase = _decided_while_the_other_waits(
+        env,
+        authorization(f"C1-{account}", account, "30.00", "CLEARING", original=f"X1-{account}"),
+        authorization(f"X1-{account}", account, "30.00", "PURCHASE"))
+    assert clearing.forced and purchase.result == "APPROVED"
+    [early] = stack.fetch(env.dsn, "SELECT state FROM early_clearings WHERE txn_id = $1",
+                          f"C1-{account}")
+    assert early["state"] == "VOID"
+
+
 @pytest.mark.parametrize("twin", ["duplicate", "conflict", "duplicate, one at a time",
                                   "duplicate on a card with a limit, one at a time"])
 def test_a_claim_lost_to_a_batch_still_open_costs_its_message_alone(env: stack.Env,
