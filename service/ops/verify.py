@@ -281,6 +281,13 @@ CHECKS = (
                        SELECT 1 FROM ledger_entries l
                         WHERE l.account_id = a.account_id AND l.type = 'CLEARING'))""",
     ),
+    # (The dedup store's key is (txn_id, dedup_period): no constraint says one record per
+    # transaction across its periods, the claim's lookup of every period and its fence do.)
+    Check(
+        "at most one dedup record per transaction, whichever period holds it",
+        """SELECT txn_id || ': ' || count(*) || ' records' FROM processed_transactions
+            GROUP BY txn_id HAVING count(*) > 1""",
+    ),
     Check(
         "every processed transaction has a result",
         """SELECT txn_id FROM processed_transactions

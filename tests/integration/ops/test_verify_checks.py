@@ -59,6 +59,10 @@ BREAKS = {
     "at most one ledger entry per transaction":
         "ALTER TABLE ledger_entries DROP CONSTRAINT ledger_entries_txn_id_key; "
         "INSERT INTO ledger_entries SELECT * FROM ledger_entries WHERE txn_id = '{pur}'",
+    "at most one dedup record per transaction, whichever period holds it":
+        "INSERT INTO processed_transactions SELECT (jsonb_populate_record(p, "
+        "jsonb_build_object('dedup_period', p.dedup_period - interval '3 days'))).* "
+        "FROM processed_transactions p WHERE p.txn_id = '{pur}'",
     "every processed transaction has a result":
         "ALTER TABLE processed_transactions DROP CONSTRAINT processed_transactions_check; "
         "UPDATE processed_transactions SET decline_reason = NULL WHERE txn_id = '{big}'",
