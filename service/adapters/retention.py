@@ -109,6 +109,10 @@ class PurgeTimes:
 
 # Only one replica purges at a time; the others skip the round.
 _PURGE_LOCK = 0x7061_7970_7572_6765  # "paypurge"
+# A row-by-row batch chosen to end a deadlock is taken again this many times in all, a
+# pause growing by this much between tries.
+_BATCH_ATTEMPTS = 5
+_BATCH_RETRY_PAUSE = 0.2
 
 
 async def purge(
@@ -129,11 +133,26 @@ async def purge(
     started = time.monotonic()
     times = times if times is not None else PurgeTimes()
 
+    async def one_batch(statement: str, table: str) -> str:
+        # A batch that deadlocked with a claim (over a limit's charge, a record) is rolled
+        # back whole and taken again: the claim went on, and the purge is not left to the
+        # next round for a wait a retry ends.
+        for attempt in range(1, _BATCH_ATTEMPTS + 1):
+            try:
+                return str(await conn.execute(statement, retention_hours, batch_size))
+            except asyncpg.DeadlockDetectedError as error:
+                if attempt == _BATCH_ATTEMPTS:
+                    raise
+                log.warning("purge_batch_retried", table=table, attempt=attempt,
+                            error=str(error))
+                await asyncio.sleep(_BATCH_RETRY_PAUSE * attempt)
+        raise AssertionError("unreachable")
+
     async def delete_expired(statement: str, table: str, pause: float) -> int:
         nonlocal batches
         total = 0
         while max_batches is None or batches < max_batches:
-            status = await conn.execute(statement, retention_hours, batch_size)
+            status = await one_batch(statement, table)
             deleted = int(status.split()[-1])
             total += deleted
             batches += 1

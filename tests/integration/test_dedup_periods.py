@@ -422,6 +422,46 @@ def test_a_hold_that_stands_keeps_its_limits_charges_past_the_window(env: stack.
                        stands)[0]["state"] == "REVERSED"
 
 
+def test_a_purge_batch_chosen_to_end_a_deadlock_is_taken_again(env: stack.Env) -> None:
+    """A record set back 100 days, with two limits' charges kept under it. A transaction
+    holds both charges while the purge's row-by-row batch, which has locked the record,
+    waits for them; it then asks for the record: a deadlock, and the purge, waiting longer,
+    is chosen to end it (the other gets the record: the batch was rolled back, not
+    committed). The purge takes the batch again once the other has committed, and the
+    record and its charges go (seen failing with the DeadlockDetectedError raised)."""
+    txn = f"SB-{uuid.uuid4().hex[:6]}"
+    _decide(env.dsn, [authorization(txn, "NO-SUCH-ACCOUNT", "1.00")])
+    stack.fetch(env.dsn, "INSERT INTO limit_charges (txn_id, charged_by, limit_id, "
+                         "period_start, amount, count, dedup_period) "
+                         "SELECT p.txn_id, p.txn_id, l.id, current_date, 1, 1, p.dedup_period "
+                         "  FROM processed_transactions p, unnest('{L1,L2}'::text[]) AS l(id) "
+                         " WHERE p.txn_id = $1", txn)
+    stack.fetch(env.dsn, "UPDATE processed_transactions SET processed_at = now() - "
+                         "interval '100 days' WHERE txn_id = $1", txn)
+
+    async def purge_into_a_deadlock() -> tuple[int, bool]:
+        other = await asyncpg.connect(env.dsn)
+        purger = await asyncpg.connect(env.dsn, server_settings={"application_name": "purge"})
+        try:
+            async with other.transaction():
+                assert len(await other.fetch(
+                    "SELECT 1 FROM limit_charges WHERE txn_id = $1 FOR UPDATE", txn)) == 2
+                purging = asyncio.create_task(retention.purge(purger, retention_hours=72))
+                await stack.until_a_lock_is_awaited(env.dsn, "purge")  # behind a charge
+                record_kept = bool(await other.fetch(
+                    "SELECT 1 FROM processed_transactions WHERE txn_id = $1 FOR UPDATE", txn))
+            return await purging, record_kept
+        finally:
+            await purger.close()
+            await other.close()
+
+    deleted, record_kept = asyncio.run(purge_into_a_deadlock())
+    assert record_kept  # the purge's batch was the deadlock's victim, rolled back
+    assert deleted == 1
+    assert not _records(env.dsn, txn)
+    assert not stack.fetch(env.dsn, "SELECT 1 FROM limit_charges WHERE txn_id = $1", txn)
+
+
 def _decided_five_days_ago(dsn: str) -> Authorization:
     """A transaction decided on day -5 (its record in that day's partition, its time within
     it), the store's clock then back to the server's and today's periods made."""
