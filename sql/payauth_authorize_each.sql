@@ -17,10 +17,12 @@
 --   reversal's own transaction_id; of anything else (declined, no purchase, of another
 --   account or currency) they become VOID. Early clearings waiting for it become VOID.
 -- * VERIFICATION and BALANCE_INQUIRY: nothing moves; an inquiry keeps the balances it read.
--- * AUTHORIZATION/ADVICE: a hold of what was approved, net of the waiting orphan reversals
---   it applies, then of the clearings that came before it (early clearings: each releases
---   as much as it posted, a final one all that is left, and the hold then ends CLEARED;
---   what they released is its amount_already_cleared).
+-- * AUTHORIZATION/ADVICE: a hold of what was approved, net of the orphan reversals and
+--   the clearings that came before it (early clearings), applied in the one order they
+--   came in, as if the hold had been there: a reversal releases up to what remains (the
+--   hold ends REVERSED at zero), a clearing as much as it posted, a final one all that is
+--   left (the hold ends CLEARED); after the end, either releases nothing. What the
+--   clearings released is its amount_already_cleared.
 -- * INCREMENTAL: adds what was approved to its hold, which must be active and the
 --   account's (else HOLD_NOT_ACTIVE).
 -- * REVERSAL: of a hold, releases up to what remains (ending it at zero); of an approved
@@ -104,6 +106,7 @@ DECLARE
     placed     numeric;
     cleared    numeric;  -- what early clearings released of a hold being placed
     cleared_by text;     -- the final early clearing that ended it
+    w_state    text;     -- that hold's state as what waited for it leaves it
     orig_type  text;     -- the original when it is no hold
     orig_amt   numeric;
     orig_res   text;
@@ -275,7 +278,7 @@ BEGIN
             FOR o IN SELECT r.*, m.correlation_id FROM orphan_reversals r
                        LEFT JOIN lifecycle_messages m ON m.txn_id = r.txn_id
                       WHERE r.original_txn_id = txn AND r.state = 'WAITING'
-                      ORDER BY r.arrived_at, r.txn_id FOR UPDATE OF r LOOP
+                      ORDER BY r.arrival FOR UPDATE OF r LOOP
                 IF res <> 'APPROVED' OR kind <> 'PURCHASE' OR o.account_id <> acct
                    OR o.currency::text IS DISTINCT FROM a.currency THEN
                     UPDATE orphan_reversals SET state = 'VOID', applied = 0, resolved_at = now()
@@ -300,19 +303,43 @@ BEGIN
             UPDATE early_clearings SET state = 'VOID', applied = 0, resolved_at = now()
              WHERE original_txn_id = txn AND state = 'WAITING';
         ELSIF kind IN ('AUTHORIZATION', 'ADVICE') THEN
-            -- Waiting orphan reversals of this one, in the order they came; then the
-            -- clearings that came before it.
+            -- What waited for this one, orphan reversals and early clearings alike, in the
+            -- one order they were decided in (arrival, migration 028), each applied as it
+            -- would have been had the hold been there when it came: a reversal releases up
+            -- to what remains, and what remains reaching zero ends the hold REVERSED (by no
+            -- message); a clearing releases as much as it posted, a final one all that
+            -- remains, ending the hold CLEARED; after the hold's end, either releases
+            -- nothing. (Locked first, each table in its order: FOR UPDATE reads no UNION.)
             placed := coalesce(granted, 0);
-            FOR o IN SELECT r.*, m.correlation_id FROM orphan_reversals r
-                       LEFT JOIN lifecycle_messages m ON m.txn_id = r.txn_id
-                      WHERE r.original_txn_id = txn AND r.state = 'WAITING'
-                      ORDER BY r.arrived_at, r.txn_id FOR UPDATE OF r LOOP
-                IF res <> 'APPROVED' OR o.account_id <> acct
-                   OR o.currency::text IS DISTINCT FROM a.currency THEN
-                    UPDATE orphan_reversals SET state = 'VOID', applied = 0, resolved_at = now()
-                     WHERE txn_id = o.txn_id;
-                ELSE
-                    c := least(o.amount, placed);
+            w_state := 'ACTIVE';
+            PERFORM 1 FROM orphan_reversals r
+              WHERE r.original_txn_id = txn AND r.state = 'WAITING'
+              ORDER BY r.arrival FOR UPDATE;
+            PERFORM 1 FROM early_clearings e
+              WHERE e.original_txn_id = txn AND e.state = 'WAITING'
+              ORDER BY e.arrival FOR UPDATE;
+            FOR o IN SELECT w.* FROM (
+                         SELECT true AS is_reversal, r.txn_id, r.account_id,
+                                r.currency::text AS currency, r.amount, NULL::boolean AS final,
+                                r.arrival, m.correlation_id
+                           FROM orphan_reversals r
+                           LEFT JOIN lifecycle_messages m ON m.txn_id = r.txn_id
+                          WHERE r.original_txn_id = txn AND r.state = 'WAITING'
+                         UNION ALL
+                         SELECT false, e.txn_id, e.account_id, e.currency::text, e.amount,
+                                e.final, e.arrival, NULL
+                           FROM early_clearings e
+                          WHERE e.original_txn_id = txn AND e.state = 'WAITING') w
+                      ORDER BY w.arrival LOOP
+                IF o.is_reversal THEN
+                    IF res <> 'APPROVED' OR o.account_id <> acct
+                       OR o.currency IS DISTINCT FROM a.currency THEN
+                        UPDATE orphan_reversals SET state = 'VOID', applied = 0,
+                                                    resolved_at = now()
+                         WHERE txn_id = o.txn_id;
+                        CONTINUE;
+                    END IF;
+                    c := CASE WHEN w_state = 'ACTIVE' THEN least(o.amount, placed) ELSE 0 END;
                     UPDATE orphan_reversals SET state = 'APPLIED', applied = c,
                                                 resolved_at = now()
                      WHERE txn_id = o.txn_id;
@@ -321,42 +348,41 @@ BEGIN
                     IF charged THEN
                         PERFORM payauth_limits_give_back(txn, c);
                     END IF;
-                    placed := placed - c;
-                END IF;
-            END LOOP;
-            FOR o IN SELECT e.* FROM early_clearings e
-                      WHERE e.original_txn_id = txn AND e.state = 'WAITING'
-                      ORDER BY e.arrived_at, e.txn_id FOR UPDATE LOOP
-                IF res <> 'APPROVED' OR o.account_id <> acct THEN
-                    UPDATE early_clearings SET state = 'VOID', applied = 0, resolved_at = now()
-                     WHERE txn_id = o.txn_id;
+                    IF w_state = 'ACTIVE' AND placed - c = 0 THEN
+                        w_state := 'REVERSED';
+                    END IF;
                 ELSE
-                    c := CASE WHEN o.final OR cleared_by IS NOT NULL THEN placed
+                    IF res <> 'APPROVED' OR o.account_id <> acct THEN
+                        UPDATE early_clearings SET state = 'VOID', applied = 0,
+                                                   resolved_at = now()
+                         WHERE txn_id = o.txn_id;
+                        CONTINUE;
+                    END IF;
+                    c := CASE WHEN w_state <> 'ACTIVE' THEN 0
+                              WHEN o.final THEN placed
                               ELSE least(o.amount, placed) END;
                     UPDATE early_clearings SET state = 'APPLIED', applied = c,
                                                resolved_at = now()
                      WHERE txn_id = o.txn_id;
                     cleared := coalesce(cleared, 0) + c;
-                    placed := placed - c;
-                    IF o.final AND cleared_by IS NULL THEN
-                        cleared_by := o.txn_id;
+                    IF w_state = 'ACTIVE' AND o.final THEN
+                        w_state := 'CLEARED'; cleared_by := o.txn_id;
                     END IF;
                 END IF;
+                placed := placed - c;
             END LOOP;
             IF res = 'APPROVED' THEN
                 INSERT INTO holds (txn_id, account_id, currency, kind, amount, remaining, state,
                                    ended_at, ended_by, released, limited)
                 -- Ended at once by a final clearing before it (what it released counted in
-                -- early_clearings.applied), or by orphans reversing it whole; a hold that
-                -- non-final clearings took to zero stays active, a final one may still come.
-                VALUES (txn, acct, a.currency, kind, granted, placed,
-                        CASE WHEN cleared_by IS NOT NULL THEN 'CLEARED'
-                             WHEN placed > 0 OR cleared > 0 THEN 'ACTIVE' ELSE 'REVERSED' END,
-                        CASE WHEN cleared_by IS NULL AND (placed > 0 OR cleared > 0) THEN NULL
-                             ELSE now() END,
+                -- early_clearings.applied), or by orphans reversing what remained of it; a
+                -- hold that non-final clearings took to zero stays active, a final one may
+                -- still come.
+                VALUES (txn, acct, a.currency, kind, granted, placed, w_state,
+                        CASE WHEN w_state <> 'ACTIVE' THEN now() END,
                         cleared_by,
-                        CASE WHEN cleared_by IS NOT NULL THEN 0
-                             WHEN placed > 0 OR cleared > 0 THEN NULL ELSE granted END,
+                        CASE w_state WHEN 'CLEARED' THEN 0
+                                     WHEN 'REVERSED' THEN granted - coalesce(cleared, 0) END,
                         charged)
                     ON CONFLICT (txn_id) DO NOTHING;
                 IF NOT FOUND THEN

@@ -151,9 +151,9 @@ SELECT p.txn_id, p.fingerprint, p.result, p.decline_reason, p.account_id,
  CROSS JOIN LATERAL (SELECT * FROM processed_transactions x WHERE x.txn_id = q.id
                      OFFSET 0) p
   LEFT JOIN LATERAL (
-       SELECT array_agg(r.txn_id ORDER BY r.arrived_at, r.txn_id) AS applied_ids,
-              array_agg(r.applied::text ORDER BY r.arrived_at, r.txn_id) AS applied_amounts,
-              array_agg(m.correlation_id ORDER BY r.arrived_at, r.txn_id)
+       SELECT array_agg(r.txn_id ORDER BY r.arrival) AS applied_ids,
+              array_agg(r.applied::text ORDER BY r.arrival) AS applied_amounts,
+              array_agg(m.correlation_id ORDER BY r.arrival)
                   AS applied_correlations
          FROM orphan_reversals r LEFT JOIN lifecycle_messages m ON m.txn_id = r.txn_id
         WHERE r.original_txn_id = p.txn_id AND r.state = 'APPLIED') o ON true

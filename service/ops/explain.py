@@ -74,14 +74,14 @@ _ORPHANS = """
 SELECT txn_id, state, amount::text AS amount, applied::text AS applied, arrived_at,
        resolved_at
   FROM orphan_reversals WHERE original_txn_id = $1 OR txn_id = $1
- ORDER BY arrived_at, txn_id
+ ORDER BY arrival
 """
 # Clearings that came before the hold they name (each kept until the hold came).
 _EARLY = """
 SELECT txn_id, state, amount::text AS amount, applied::text AS applied, final, arrived_at,
        resolved_at
   FROM early_clearings WHERE original_txn_id = $1 OR txn_id = $1
- ORDER BY arrived_at, txn_id
+ ORDER BY arrival
 """
 _LEDGER = """
 SELECT account_id, amount::text AS amount, currency, type, created_at

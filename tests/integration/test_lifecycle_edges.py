@@ -1,6 +1,7 @@
 """The lifecycle's rules at the edges of the purchase path (sql/payauth_authorize_each.sql):
 an orphan reversal of a PURCHASE applied when the purchase arrives, whether it comes in a
-batch of its own or with its orphans; an ADVICE or CLEARING that cannot be netted against
+batch of its own or with its orphans; the reversals and clearings that came before their
+hold applied in the order they came; an ADVICE or CLEARING that cannot be netted against
 its account dead-lettered, never declined. Through a real worker, checked in the database
 and on the topics."""
 
@@ -8,11 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from decimal import Decimal
+from pathlib import Path
+
+import asyncpg
 
 from service.adapters.postgres import PostgresStore
 from service.domain.events import encode_event, events_of
 from service.domain.messages import Authorization, decode_authorization
+from service.ops.migrate import MIGRATIONS_DIR, migrate
 from tests.support import lifecycle as lc
 from tests.support import stack
 from tests.support.factory import encode
@@ -73,6 +79,94 @@ def test_an_orphan_reversal_and_its_purchase_in_one_batch(env, spawn_worker) -> 
         t["orph"]: ("APPLIED", Decimal("25.00")), t["orph_d"]: ("VOID", 0),
         t["orph_r"]: ("VOID", 0)}
     lc.verified(env)
+
+
+def test_what_waited_for_a_hold_is_applied_in_the_order_it_came(env, spawn_worker,
+                                                                tmp_path) -> None:
+    """A clearing and a reversal, both before the hold they name, are applied when it comes
+    in the order they came, as if it had been there: a final clearing first ends the hold,
+    and the reversal after it releases nothing and gives nothing back to the card's limit
+    (the money was spent); a clearing of 30 first, then a reversal of all, releases 30 and
+    70, and the limit gets 70 back, keeping the count (the hold was cleared in part). Seen
+    failing with every orphan reversal applied before every clearing: each reversal
+    released its 100, each clearing nothing."""
+    t = lc.names("h1", "c1", "r1", "h2", "c2", "r2", "acc", "card", "lim")
+    acc, card = t["acc"], t["card"]
+    lc.seed(env, (acc, "1000.00"))
+    lc.controls(env, tmp_path, [f"{card},{acc}"], [f"{t['lim']},CARD,{card},DAY,900.00,10"])
+    lc.run(env, spawn_worker, [
+        lc.msg(t["c1"], "CLEARING", acc, "100.00", t["h1"], final=True, card_id=card),
+        lc.msg(t["r1"], "REVERSAL", acc, "100.00", t["h1"], card_id=card),
+        lc.msg(t["c2"], "CLEARING", acc, "30.00", t["h2"], final=False, card_id=card),
+        lc.msg(t["r2"], "REVERSAL", acc, "100.00", t["h2"], card_id=card),
+        lc.msg(t["h1"], "AUTHORIZATION", acc, "100.00", card_id=card),
+        lc.msg(t["h2"], "AUTHORIZATION", acc, "100.00", card_id=card)])
+    lc.events(env, expect=8)  # six decisions, and a ReversalApplied per orphan
+    assert (lc.hold(env, t["h1"])["state"], lc.hold(env, t["h1"])["ended_by"]) == \
+        ("CLEARED", t["c1"])
+    assert (lc.hold(env, t["h2"])["state"], lc.hold(env, t["h2"])["remaining"]) == \
+        ("REVERSED", 0)
+    waited = stack.fetch(env.dsn, "SELECT txn_id, applied FROM orphan_reversals "
+                                  "UNION ALL SELECT txn_id, applied FROM early_clearings")
+    assert {r["txn_id"]: r["applied"] for r in waited} == {
+        t["c1"]: Decimal("100.00"), t["r1"]: 0, t["c2"]: Decimal("30.00"),
+        t["r2"]: Decimal("70.00")}
+    usage = stack.fetch(env.dsn, "SELECT amount, count FROM limit_usage WHERE limit_id = $1",
+                        t["lim"])
+    assert [(r["amount"], r["count"]) for r in usage] == [(Decimal("130.00"), 2)]
+    assert lc.balances(env, acc)[0] == Decimal("870.00")  # both clearings posted
+    lc.verified(env)
+
+
+def test_the_upgrade_numbers_what_waits_in_the_order_it_was_applied_before(
+        live_stack: None, tmp_path: Path) -> None:
+    """A database at migration 027 with reversals and clearings kept for their originals
+    (two of one batch, sharing arrived_at); the upgrade numbers them as they were applied
+    before it (by arrived_at, an orphan reversal before a clearing, then transaction_id),
+    and a reversal kept after it, as the worker's role keeps it, comes after them all."""
+    older, no_definitions = tmp_path / "older", tmp_path / "sql"
+    older.mkdir()
+    no_definitions.mkdir()
+    (no_definitions / "ORDER").write_text("")
+    for path in sorted(MIGRATIONS_DIR.glob("*.sql")):
+        if path.name < "028":
+            (older / path.name).write_text(path.read_text())
+    database = f"payauth_t_{uuid.uuid4().hex[:10]}"
+
+    async def scenario() -> list[str]:
+        admin = await asyncpg.connect(stack.ENDPOINTS.pg_admin_dsn)
+        await admin.execute(f'CREATE DATABASE "{database}"')
+        await admin.close()
+        dsn = stack.dsn_for(database)
+        await migrate(dsn, older, no_definitions)
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.execute(
+                "INSERT INTO orphan_reversals (txn_id, original_txn_id, account_id, currency, "
+                "amount, state, arrived_at) VALUES "
+                "('R-B', 'H', 'ACC', 'EUR', 1, 'WAITING', '2026-01-01 10:00'), "
+                "('R-A', 'H', 'ACC', 'EUR', 1, 'WAITING', '2026-01-01 11:00')")
+            await conn.execute(
+                "INSERT INTO early_clearings (txn_id, original_txn_id, account_id, currency, "
+                "amount, final, state, arrived_at) VALUES "
+                "('C-A', 'H', 'ACC', 'EUR', 1, false, 'WAITING', '2026-01-01 10:00'), "
+                "('C-B', 'H', 'ACC', 'EUR', 1, true, 'WAITING', '2026-01-01 09:00')")
+            await migrate(dsn)
+            await conn.execute("SET ROLE payauth_worker")
+            await conn.execute(
+                "INSERT INTO orphan_reversals (txn_id, original_txn_id, account_id, currency, "
+                "amount, state, arrived_at) VALUES "
+                "('R-0', 'H', 'ACC', 'EUR', 1, 'WAITING', '2025-01-01')")
+            return [r["txn_id"] for r in await conn.fetch(
+                "SELECT txn_id, arrival FROM orphan_reversals UNION ALL "
+                "SELECT txn_id, arrival FROM early_clearings ORDER BY arrival")]
+        finally:
+            await conn.close()
+
+    try:
+        assert asyncio.run(scenario()) == ["C-B", "R-B", "C-A", "R-A", "R-0"]
+    finally:
+        asyncio.run(stack.drop_database(database))
 
 
 def test_an_advice_or_clearing_that_cannot_be_netted_is_dead_lettered(env,

@@ -8,11 +8,11 @@ it changed. Pure.
 - PURCHASE debits, REFUND credits what was approved (the whole amount, or for a partial
   approval the available balance); VERIFICATION and BALANCE_INQUIRY move nothing;
 - AUTHORIZATION/ADVICE approved: a hold of what was approved, net of the orphan reversals
-  that named it before it came (each applied in the order it came, capped by what remains),
-  then of the clearings that came before it (each releasing as much as it posted, a final
-  one everything: the hold is placed CLEARED by it); a hold reversed to nothing by orphans
-  ends REVERSED at once, by no message; declined: those orphans and clearings change
-  nothing;
+  and the clearings that named it before it came, in the one order they came in, each as
+  if the hold had been there: a reversal releases up to what remains, and the hold ends
+  REVERSED at zero, at once, by no message; a clearing releases as much as it posted, a
+  final one everything (the hold is placed CLEARED by it); after the end, either releases
+  nothing; declined: those orphans and clearings change nothing;
 - INCREMENTAL approved: adds what was approved to its hold;
 - REVERSAL of an active hold: releases up to what remains (capped); what remains reaching
   zero ends the hold REVERSED by it; of an ended hold or a declined original: nothing; of
@@ -66,6 +66,15 @@ class Hold:
     #                                 decided when there was no hold, ended none)
     while_active: list[Decimal] = field(default_factory=list)  # what an expiry could release
     incremented: Decimal = ZERO
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A REVERSAL or a CLEARING that named an original not seen yet, kept for it."""
+
+    txn: str
+    amount: Decimal
+    final: bool | None  # a clearing's; None: a reversal (an orphan)
 
 
 @dataclass
@@ -125,8 +134,8 @@ class Book:
         self.ledger: dict[str, Decimal] = {}
         self.purchases: dict[str, tuple[Decimal, Decimal]] = {}  # txn: (approved, credited)
         self.kinds: dict[str, tuple[str, str, str]] = {}  # txn: (kind, account, result)
-        self.waiting: dict[str, list[tuple[str, Decimal]]] = defaultdict(list)  # orphans
-        self.early: dict[str, list[tuple[str, Decimal, bool]]] = defaultdict(list)
+        # per original not seen yet: the reversals and clearings that named it, in order
+        self.waiting: dict[str, list[Waiting]] = defaultdict(list)
         self.lifecycle = 0
 
     # ------------------------------------------------------------------ reading
@@ -139,7 +148,8 @@ class Book:
 
     def expected(self) -> Expected:
         return Expected(dict(self.delta), self.holds, self.ledger,
-                        sum(len(v) for v in self.waiting.values()), self.lifecycle)
+                        sum(w.final is None for v in self.waiting.values() for w in v),
+                        self.lifecycle)
 
     # ----------------------------------------------------------------- deciding
     def decide(self, m: dict[str, Any]) -> tuple[str, str | None, Decimal | None]:
@@ -214,7 +224,6 @@ class Book:
         amount = account_amount(m, currency)
         if result != "APPROVED":  # what waited for it is void: it changes nothing
             self.waiting.pop(txn, None)
-            self.early.pop(txn, None)
             return effect
         granted = approved if approved is not None else (amount or ZERO)
         if kind in ("PURCHASE", "REFUND"):
@@ -222,38 +231,37 @@ class Book:
             self._post(txn, account, effect.balance_delta)
             if kind == "PURCHASE":
                 self.purchases[txn] = (granted, ZERO)
-                for reversal, reversed_amount in self.waiting.pop(txn, []):
-                    credited = self._credit_back(reversal, account, txn, reversed_amount)
-                    effect.applied.append((reversal, credited, credited, ZERO))
+                for w in self.waiting.pop(txn, []):
+                    if w.final is None:  # (a clearing waiting for a purchase is void)
+                        credited = self._credit_back(w.txn, account, txn, w.amount)
+                        effect.applied.append((w.txn, credited, credited, ZERO))
             self.waiting.pop(txn, None)
-            self.early.pop(txn, None)
         elif kind in ("VERIFICATION", "BALANCE_INQUIRY"):
             self.waiting.pop(txn, None)
-            self.early.pop(txn, None)
         elif kind in _HOLDS:
-            placed = granted
-            for reversal, reversed_amount in self.waiting.pop(txn, []):
-                applied = min(reversed_amount, placed)
+            placed, cleared, state, cleared_by = granted, ZERO, "ACTIVE", None
+            waited = self.waiting.pop(txn, [])
+            for w in waited:
+                if w.final is None:  # an orphan reversal
+                    applied = min(w.amount, placed) if state == "ACTIVE" else ZERO
+                    effect.applied.append((w.txn, applied, ZERO, -applied))
+                    if state == "ACTIVE" and placed == applied:
+                        state = "REVERSED"
+                else:  # a clearing that came before it
+                    applied = (ZERO if state != "ACTIVE" else placed if w.final
+                               else min(w.amount, placed))
+                    cleared += applied
+                    if state == "ACTIVE" and w.final:
+                        state, cleared_by = "CLEARED", w.txn
                 placed -= applied
-                effect.applied.append((reversal, applied, ZERO, -applied))
-            cleared, cleared_by = ZERO, None
-            early = self.early.pop(txn, [])
-            for clearing, cleared_amount, final in early:
-                applied = placed if final or cleared_by else min(cleared_amount, placed)
-                placed -= applied
-                cleared += applied
-                if final and cleared_by is None:
-                    cleared_by = clearing
-            hold = Hold(txn, account, granted, placed)
-            if cleared_by is not None:
-                hold.state, hold.ended_by, hold.ended_on_arrival = "CLEARED", cleared_by, True
-            elif placed == 0 and cleared == 0:
-                hold.state = "REVERSED"
-            else:
+            hold = Hold(txn, account, granted, placed, state)
+            if state == "CLEARED":
+                hold.ended_by, hold.ended_on_arrival = cleared_by, True
+            elif state == "ACTIVE":
                 hold.while_active.append(placed)
             self.holds[txn] = hold
             effect.held_delta = granted - cleared
-            if early:
+            if any(w.final is not None for w in waited):
                 effect.already_cleared = cleared
         elif kind == "INCREMENTAL":
             increased = self.holds[original or ""]
@@ -277,7 +285,7 @@ class Book:
             elif original in self.purchases:
                 effect.balance_delta = self._credit_back(txn, account, original, granted)
             elif original not in self.kinds:
-                self.waiting[original].append((txn, granted))
+                self.waiting[original].append(Waiting(txn, granted, None))
         elif kind == "CLEARING":
             self._post(txn, account, -granted)
             effect.balance_delta = -granted
@@ -293,7 +301,7 @@ class Book:
                 else:
                     cleared_hold.while_active.append(cleared_hold.remaining)
             elif original is not None and original not in self.kinds:
-                self.early[original].append((txn, granted, final))
+                self.waiting[original].append(Waiting(txn, granted, final))
         return effect
 
 
