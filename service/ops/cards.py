@@ -3,8 +3,9 @@ the cards the controls judge (docs/operations.md, "Card controls and spending li
 
 ``cards load``: columns ``card_id,account_id[,status,expires_on]`` (a header line with these
 names is optional; ``expires_on`` a date, ``2028-03-31``: the card is valid through that
-day). Every row is checked first, then, in one transaction, new cards are inserted and
-cards already there are left as they are (a status changes only by ``cards status``, which
+day). Every row is checked first, then, in one transaction (the accounts' locks taken
+first, as every batch takes them), new cards are inserted and cards already there are left
+as they are (a status changes only by ``cards status``, which
 records who asked); a card of an account that does not exist loads nothing and names its
 line.
 
@@ -87,9 +88,11 @@ async def load(dsn: str, rows: list[CardRow]) -> LoadReport:
     conn = await asyncpg.connect(dsn)
     try:
         async with conn.transaction():
+            # The accounts' locks, in the order every batch takes them (each card's insert
+            # would take its own, row by row: payauth_controls_changed_behind_their_accounts).
             known = {r["account_id"] for r in await conn.fetch(
-                "SELECT account_id FROM accounts WHERE account_id = ANY($1::text[])",
-                list({r.account_id for r in rows}))}
+                "SELECT account_id FROM accounts WHERE account_id = ANY($1::text[]) "
+                "ORDER BY account_id FOR UPDATE", list({r.account_id for r in rows}))}
             unknown = [f"line {r.line}: account_id {r.account_id} is no account"
                        for r in rows if r.account_id not in known]
             if unknown:

@@ -284,6 +284,43 @@ def test_a_limit_loaded_while_a_batch_decides_for_its_account_waits_for_it(
     assert (usage["amount"], usage["count"]) == (Decimal("60.00"), 1)
 
 
+async def _by_hand(dsn: str, statement: str, *args: Any) -> str:
+    """A statement run by hand, as the database's owner (a bank's own tool, psql)."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        return str(await conn.execute(statement, *args))
+    finally:
+        await conn.close()
+
+
+@pytest.mark.parametrize(("statement", "reason"), [
+    ("INSERT INTO card_blocks (scope, scope_id, kind, value) "
+     "VALUES ('CARD', $1, 'CATEGORY', '5411')", "CATEGORY_BLOCKED"),
+    ("INSERT INTO card_blocks (scope, scope_id, kind, value) "
+     "SELECT 'ACCOUNT', account_id, 'CATEGORY', '5411' FROM cards WHERE card_id = $1",
+     "CATEGORY_BLOCKED"),
+    ("UPDATE cards SET status = 'FROZEN' WHERE card_id = $1", "CARD_BLOCKED"),
+    ("INSERT INTO spending_limits (limit_id, scope, scope_id, period, max_count) "
+     "VALUES ('LIM-' || $1, 'CARD', $1, 'DAY', 0)", "LIMIT_EXCEEDED"),
+])
+def test_a_control_written_by_hand_while_a_batch_decides_waits_for_it(
+        env: stack.Env, statement: str, reason: str) -> None:
+    """The controls written by hand (blocks have no command; a bank's application may write
+    a status or a limit itself) take the locks of the accounts they concern, as the commands
+    do (a trigger): 1. a batch decides a purchase on the card (5411, nothing blocks it), its
+    account locked, not committed. 2. The write waits for that lock. 3. The batch commits,
+    approved; the write commits, and the next purchase is declined by it (seen not waiting,
+    and committed while the batch was open, without the trigger)."""
+    account, card = _a_card(env, "100.00")
+    first, said, [after] = command_while_a_batch_decides(
+        env, _on_card("P1", account, card, "10.00"),
+        lambda: _by_hand(env.dsn, statement, card),
+        [_on_card("P2", account, card, "10.00")])
+    assert said.endswith(" 1")
+    assert (first.result, after.result, after.decline_reason) == \
+        ("APPROVED", "DECLINED", reason)
+
+
 @pytest.mark.parametrize("kind", ["REVERSAL", "INCREMENTAL"])
 def test_a_batch_never_waits_for_a_hold_of_an_account_it_has_not_locked(
         env: stack.Env, kind: str) -> None:
