@@ -236,6 +236,20 @@ CONTROLS_CHECKS = (
              JOIN processed_transactions p ON p.txn_id = c.charged_by
             WHERE p.result <> 'APPROVED' OR c.amount > coalesce(p.amount_approved, p.amount)""",
     ),
+    # (What shadow replay judges a decision by: a charge in a limit and period its
+    # decision's record does not say it read would be judged as if no limit applied.)
+    Check(
+        "a limit counts a message in a limit and period its decision read",
+        """SELECT c.charged_by || ' in ' || c.limit_id || ' from ' || c.period_start
+             FROM limit_charges c
+             JOIN processed_transactions p ON p.txn_id = c.charged_by
+            WHERE NOT EXISTS (
+                  SELECT 1
+                    FROM jsonb_array_elements(payauth_input_limits(p.input_limit_reads,
+                                                                   p.input_limits)) AS l
+                   WHERE l->>'limit_id' = c.limit_id
+                     AND (l->>'period_start')::date = c.period_start)""",
+    ),
     Check(
         "no approval past a limit but an advice's, by the usage it read",
         """SELECT p.txn_id || ' in ' || (l->>'limit_id')

@@ -86,6 +86,12 @@ MORE_BREAKS = [
      "UPDATE processed_transactions SET amount_approved = 20 WHERE txn_id = '{pur}'"),
     # charges whose usage is gone (in a period older than the oldest record kept)
     ("each spending limit's usage is what its charges count", "DELETE FROM limit_usage"),
+    # a charge whose decision kept no limit it read
+    ("a limit counts a message in a limit and period its decision read",
+     "UPDATE processed_transactions SET input_limit_reads = NULL WHERE txn_id = '{inc}'"),
+    # a charge in another period than the one its decision read
+    ("a limit counts a message in a limit and period its decision read",
+     "UPDATE limit_charges SET period_start = period_start - 1 WHERE charged_by = '{hold}'"),
     # a hold ended with no message that ended it
     ("a hold ends at most once",
      "UPDATE holds SET state = 'CLEARED', released = remaining, remaining = 0, "
