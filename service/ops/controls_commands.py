@@ -1,7 +1,7 @@
 """The card controls' commands on the command line (``payauth cards load|status``,
-``payauth limits load|show``): their parsers and what each runs. The commands themselves
-are ``cards.py`` and ``limits.py``, imported when one runs (they bring the database
-client)."""
+``payauth limits load|show``, ``payauth blocks load|lift|show``): their parsers and what each
+runs. The commands themselves are ``cards.py``, ``limits.py`` and ``blocks.py``, imported
+when one runs (they bring the database client)."""
 
 from __future__ import annotations
 
@@ -31,8 +31,24 @@ def _limits_show(settings: Settings, args: argparse.Namespace) -> int:
     return limits.show_command(settings, args.card, args.account)
 
 
+def _blocks_load(settings: Settings, args: argparse.Namespace) -> int:
+    from service.ops import blocks
+    return blocks.change_command(settings, args.file, lift=False)
+
+
+def _blocks_lift(settings: Settings, args: argparse.Namespace) -> int:
+    from service.ops import blocks
+    return blocks.change_command(settings, args.file, lift=True)
+
+
+def _blocks_show(settings: Settings, args: argparse.Namespace) -> int:
+    from service.ops import blocks
+    return blocks.show_command(settings, args.card, args.account)
+
+
 def add_parsers(sub: Any) -> None:
-    """``cards`` and ``limits`` with their subcommands, on the command line's subparsers."""
+    """``cards``, ``limits`` and ``blocks`` with their subcommands, on the command line's
+    subparsers."""
     group = sub.add_parser("cards", help="card tools").add_subparsers(
         dest="cards_command", required=True)
     p = group.add_parser("load", help="add the cards of a CSV file (card_id,account_id"
@@ -60,3 +76,19 @@ def add_parsers(sub: Any) -> None:
     which.add_argument("--card", metavar="ID")
     which.add_argument("--account", metavar="ID")
     p.set_defaults(func=_limits_show)
+
+    group = sub.add_parser("blocks", help="blocked merchant categories and countries").\
+        add_subparsers(dest="blocks_command", required=True)
+    p = group.add_parser("load", help="block what a CSV file names (scope,scope_id,kind,value: "
+                                      "CARD or ACCOUNT, CATEGORY 7995 or COUNTRY KP)")
+    p.add_argument("file", metavar="FILE.csv")
+    p.set_defaults(func=_blocks_load)
+    p = group.add_parser("lift", help="lift the blocks a CSV file names (the same columns)")
+    p.add_argument("file", metavar="FILE.csv")
+    p.set_defaults(func=_blocks_lift)
+    p = group.add_parser("show", help="the blocks that judge a card's messages, or an "
+                                      "account's and its cards'")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--card", metavar="ID")
+    which.add_argument("--account", metavar="ID")
+    p.set_defaults(func=_blocks_show)

@@ -1,6 +1,7 @@
-"""The operators' CSV files (``accounts load``, ``cards load``, ``limits load``), read one way:
-an optional header line naming the columns, blank lines skipped, cells trimmed, every row
-checked before anything is loaded, and every bad line named with its number and reason."""
+"""The operators' CSV files (``accounts load``, ``cards load``, ``limits load``, ``blocks
+load|lift``), read one way: an optional header line naming the columns, blank lines
+skipped, cells trimmed, every row checked before anything is loaded, and every bad line
+named with its number and reason."""
 
 from __future__ import annotations
 

@@ -21,8 +21,8 @@ from tests.support.workers import payauth, wait_caught_up
 
 
 def _blocks(env: stack.Env, *blocks: tuple[str, str, str, str]) -> None:
-    """Card blocks, each (scope, scope_id, kind, value), inserted as an operator would (no
-    command loads them)."""
+    """Card blocks, each (scope, scope_id, kind, value), inserted by hand, as the contract
+    lets an operator do (``payauth blocks load`` is tested below)."""
     scopes, ids, kinds, values = (list(column) for column in zip(*blocks, strict=True))
     assert stack.fetch(env.dsn, "INSERT INTO card_blocks (scope, scope_id, kind, value) "
                                 "SELECT * FROM unnest($1::text[], $2::text[], $3::text[], "
@@ -573,6 +573,59 @@ def test_the_commands_refuse_bad_input_with_one_line_and_change_nothing(env,
     assert bad_zone.returncode == 2 and "PAYAUTH_LIMITS_TIMEZONE" in bad_zone.stderr
     shown = payauth(env, "limits", "show", "--card", t["card"]).stdout
     assert shown.strip() == "limits: none"
+
+
+def test_blocks_are_loaded_shown_and_lifted_by_command(env, spawn_worker, tmp_path) -> None:
+    """`payauth blocks load` blocks gambling on a card and a country on its account: both
+    declined; `blocks show` lists them for the card; `blocks lift` lifts the category, and
+    the next gambling purchase is approved. A file with a lowercase country, a category of
+    three digits and a card that does not exist names each line, and changes nothing."""
+    t = lc.names("bet", "trip", "bet2", "acc", "card")
+    lc.seed(env, (t["acc"], "1000.00"))
+    lc.controls(env, tmp_path, [f"{t['card']},{t['acc']}"], [])
+    (tmp_path / "bad.csv").write_text(f"scope,scope_id,kind,value\n"
+                                      f"ACCOUNT,{t['acc']},COUNTRY,kp\n"
+                                      f"CARD,{t['card']},CATEGORY,799\n")
+    done = payauth(env, "blocks", "load", str(tmp_path / "bad.csv"),
+                   PAYAUTH_DATABASE_URL=env.dsn)
+    assert done.returncode == 1, done
+    assert "blocks: line 2: a country is two capital letters" in done.stderr, done.stderr
+    assert "blocks: line 3: a category is four digits" in done.stderr, done.stderr
+    (tmp_path / "nobody.csv").write_text(f"CARD,NO-SUCH-{t['card']},CATEGORY,7995\n")
+    done = payauth(env, "blocks", "load", str(tmp_path / "nobody.csv"),
+                   PAYAUTH_DATABASE_URL=env.dsn)
+    assert done.returncode == 1 and "line 1: card NO-SUCH-" in done.stderr, done
+    assert not stack.fetch(env.dsn, "SELECT 1 FROM card_blocks WHERE scope_id = ANY($1)",
+                           [t["acc"], t["card"]])
+
+    (tmp_path / "blocks.csv").write_text(f"CARD,{t['card']},CATEGORY,7995\n"
+                                         f"ACCOUNT,{t['acc']},COUNTRY,KP\n")
+    assert lc.admin(env, "blocks", "load", str(tmp_path / "blocks.csv")).strip() == \
+        "blocks: 2 new, 0 already there"
+    assert lc.admin(env, "blocks", "load", str(tmp_path / "blocks.csv")).strip() == \
+        "blocks: 0 new, 2 already there"
+    assert payauth(env, "blocks", "show", "--card", t["card"]).stdout.splitlines() == [
+        f"CARD {t['card']}: CATEGORY 7995", f"ACCOUNT {t['acc']}: COUNTRY KP"]
+    day = "2026-04-07T10:00:00Z"
+    worker = lc.run(env, spawn_worker, [
+        _at(lc.msg(t["bet"], "PURCHASE", t["acc"], "5.00", card_id=t["card"],
+                   merchant_category="7995"), day),
+        _at(lc.msg(t["trip"], "PURCHASE", t["acc"], "5.00", card_id=t["card"],
+                   merchant_country="KP"), day)])
+    (tmp_path / "lift.csv").write_text(f"CARD,{t['card']},CATEGORY,7995\n")
+    lc.events(env, expect=2)
+    assert lc.admin(env, "blocks", "lift", str(tmp_path / "lift.csv")).strip() == \
+        "blocks: 1 lifted, 0 were not there"
+    lc.send_more(env, [_at(lc.msg(t["bet2"], "PURCHASE", t["acc"], "5.00", card_id=t["card"],
+                                  merchant_category="7995"), day)])
+    events = lc.events(env, expect=3)
+    assert _outcomes(events, t, "bet", "trip", "bet2") == {
+        "bet": ("DECLINED", "CATEGORY_BLOCKED"), "trip": ("DECLINED", "COUNTRY_BLOCKED"),
+        "bet2": ("APPROVED", None)}
+    assert payauth(env, "blocks", "show", "--account", t["acc"]).stdout.splitlines() == [
+        f"ACCOUNT {t['acc']}: COUNTRY KP"]
+    assert worker.alive()
+    lc.verified(env)
 
 
 def test_the_gauges_name_the_frozen_cards_and_the_limits_nearest_their_ceiling(

@@ -1,5 +1,6 @@
-"""The cards' and limits' files as ``payauth cards load`` and ``payauth limits load`` read
-them: every bad line named with its reason, nothing loaded then."""
+"""The cards', limits' and blocks' files as ``payauth cards load``, ``payauth limits load``
+and ``payauth blocks load|lift`` read them: every bad line named with its reason, nothing
+loaded then."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from decimal import Decimal
 
 import pytest
 
-from service.ops import cards, csv_file, limits
+from service.ops import blocks, cards, csv_file, limits
 
 
 def test_a_cards_file_with_and_without_its_optional_columns() -> None:
@@ -63,3 +64,30 @@ def test_a_bad_limit_line_is_named(line: str, reason: str) -> None:
     with pytest.raises(csv_file.FileInvalid) as caught:
         limits.parse(line + "\n")
     assert caught.value.problems == [f"line 1: {reason}"]
+
+
+def test_a_blocks_file_with_its_header() -> None:
+    rows = blocks.parse("scope,scope_id,kind,value\n"
+                        "CARD,C1,CATEGORY,7995\n"
+                        "ACCOUNT,A1,COUNTRY,KP\n")
+    assert [(r.line, r.scope, r.scope_id, r.kind, r.value) for r in rows] == [
+        (2, "CARD", "C1", "CATEGORY", "7995"), (3, "ACCOUNT", "A1", "COUNTRY", "KP")]
+
+
+def test_every_bad_block_line_is_named() -> None:
+    """A value spelled otherwise than a message carries it would never match one."""
+    with pytest.raises(csv_file.FileInvalid) as caught:
+        blocks.parse("CARD,C1,CATEGORY,7995\n"
+                     "CARD,C1,COUNTRY,kp\n"
+                     "CARD,C1,CATEGORY,799\n"
+                     "WALLET,C1,CATEGORY,7995\n"
+                     "CARD,C1,MERCHANT,ACME\n"
+                     "CARD,C1,CATEGORY,7995\n"
+                     "CARD,C1,COUNTRY\n")
+    assert caught.value.problems == [
+        "line 2: a country is two capital letters (ISO 3166-1), like KP",
+        "line 3: a category is four digits (ISO 18245), like 7995",
+        "line 4: scope must be one of CARD, ACCOUNT",
+        "line 5: kind must be one of CATEGORY, COUNTRY",
+        "line 6: scope CARD C1 CATEGORY 7995 already on line 1",
+        "line 7: expected the columns scope,scope_id,kind,value, got 3"]
