@@ -65,6 +65,9 @@ DECLARE
     helds      numeric[];  -- and what its active holds keep
     curs       text[];
     stats      text[];
+    atids      tid[];      -- aligned with ids: where each account is, locked (NULL: none)
+    bals0      numeric[];  -- and its balance and held as read, to tell which ones moved
+    helds0     numeric[];
     aslot      integer[];  -- each message's account's position in ids
     hkeys      text[];     -- the holds the batch touches: those found, then those it places
     n_found    integer;
@@ -142,12 +145,13 @@ BEGIN
     -- (Aggregated in one pass over rows sorted once: an ORDER BY in each aggregate would
     -- sort the accounts once per array.)
     SELECT array_agg(x.id), array_agg(x.balance), array_agg(x.held),
-           array_agg(x.currency::text), array_agg(x.status)
-      INTO ids, bals, helds, curs, stats
-      FROM (SELECT k.id, a.balance, a.held, a.currency, a.status
+           array_agg(x.currency::text), array_agg(x.status), array_agg(x.tid)
+      INTO ids, bals, helds, curs, stats, atids
+      FROM (SELECT k.id, a.balance, a.held, a.currency, a.status, a.ctid AS tid
               FROM (SELECT DISTINCT unnest(p_account_ids) AS id) k
               LEFT JOIN accounts a ON a.account_id = k.id  -- unknown: NULLs, a decline
              ORDER BY k.id) x;
+    bals0 := bals; helds0 := helds;
     SELECT array_agg(s.pos ORDER BY t.ord) INTO aslot
       FROM unnest(p_account_ids) WITH ORDINALITY AS t(id, ord)
       JOIN unnest(ids) WITH ORDINALITY AS s(id, pos) ON s.id = t.id;
@@ -461,14 +465,23 @@ BEGIN
     PERFORM payauth_limits_give_back(t.orig, t.applied)
        FROM unnest(p_originals, applied, gives) AS t(orig, applied, gives)
       WHERE t.gives AND t.applied > 0;
+    -- Each account that moved, set to what the batch leaves it (its lock held since it was
+    -- read: nobody else changed it), found where it was read (a TID scan, as the holds').
+    PERFORM set_config('enable_seqscan', 'off', true),
+            set_config('enable_nestloop', 'off', true);
     UPDATE accounts a
-       SET balance = a.balance + d.delta, held = a.held + d.hdelta,
-           updated_at = p_processed_at
-      FROM (SELECT t.acct, sum(t.delta) AS delta, sum(t.hdelta) AS hdelta
-              FROM unnest(p_account_ids, deltas, hdeltas) AS t(acct, delta, hdelta)
-             WHERE t.delta <> 0 OR t.hdelta <> 0
-             GROUP BY t.acct) d
-     WHERE a.account_id = d.acct;
+       SET balance = u.bal, held = u.held, updated_at = p_processed_at
+      FROM unnest(atids, ids, bals, helds, bals0, helds0)
+           AS u(tid, id, bal, held, bal0, held0)
+     WHERE a.ctid = ANY(atids) AND a.ctid = u.tid AND a.account_id || '' = u.id
+       AND (u.bal <> u.bal0 OR u.held <> u.held0);
+    GET DIAGNOSTICS n_written = ROW_COUNT;
+    PERFORM set_config('enable_seqscan', seqscan, true),
+            set_config('enable_nestloop', nestloop, true);
+    IF n_written <> (SELECT count(*) FROM unnest(bals, helds, bals0, helds0) AS t(b, h, b0, h0)
+                      WHERE t.b <> t.b0 OR t.h <> t.h0) THEN
+        RAISE EXCEPTION 'an account moved meanwhile' USING ERRCODE = 'PA409';
+    END IF;
 
     RETURN QUERY
     SELECT u.r, u.w, u.a::text, u.f, NULL::boolean, NULL::text, u.d::text, u.h::text,
