@@ -34,33 +34,30 @@ def decided_result(a: Authorization, row: Any, processed_at: datetime, batch_id:
                    partition: int) -> StoredResult:
     """A message of a batch as ``payauth_authorize`` answered for it: a decision, or why it
     named an original it cannot (``mismatch``: nothing stored). Its amounts in the account's
-    currency are formatted in that currency's minor unit."""
+    currency are formatted in that currency's minor unit. (Once per lifecycle message on the
+    hot path: each field read once, and only what a row has is formatted or set.)"""
     mismatch = row["mismatch"]
     currency = row["account_currency"] or a.currency
+    reason = row["decline_reason"]
+    applied, balance_delta, held_delta = (row["amount_applied"], row["balance_delta"],
+                                          row["held_delta"])
+    applied_ids = row["applied_ids"]
     record = StoredResult(
-        transaction_id=a.transaction_id,
-        fingerprint=a.fingerprint,
-        result=Result.DECLINED if row["result"] == "DECLINED" else Result.APPROVED,
-        decline_reason=DeclineReason(row["decline_reason"]) if row["decline_reason"] else None,
-        account_id=a.account_id,
-        amount_text=a.amount_text,
-        currency=a.currency,
-        authorization_type=a.authorization_type,
-        correlation_id=a.correlation_id,
-        processed_at=processed_at,
-        published=False,
-        batch_id=batch_id,
-        source_partition=partition,
-        message_id=a.message_id,
+        a.transaction_id, a.fingerprint,
+        Result.DECLINED if row["result"] == "DECLINED" else Result.APPROVED,
+        DeclineReason(reason) if reason is not None else None,
+        a.account_id, a.amount_text, a.currency, a.authorization_type, a.correlation_id,
+        processed_at, False, batch_id, partition, a.message_id,
         original_transaction_id=a.original_transaction_id,
-        amount_applied_text=_applied(row["amount_applied"], currency),
+        amount_applied_text=None if applied is None else format_stored(applied, currency),
         forced=row["forced"],
         orphan=row["orphan"],
         mismatch=mismatch,
-        balance_delta_text=_applied(row["balance_delta"], currency),
-        held_delta_text=_applied(row["held_delta"], currency),
-        reversals_applied=_reversals(row["applied_ids"], row["applied_amounts"],
-                                     row["applied_correlations"], currency),
+        balance_delta_text=(None if balance_delta is None
+                            else format_stored(balance_delta, currency)),
+        held_delta_text=None if held_delta is None else format_stored(held_delta, currency),
+        reversals_applied=() if not applied_ids else _reversals(
+            applied_ids, row["applied_amounts"], row["applied_correlations"], currency),
         final=a.final if a.authorization_type == AuthorizationType.CLEARING else None,
     )
     if mismatch is None:
@@ -73,24 +70,36 @@ def with_day(record: StoredResult, a: Authorization, row: Any) -> StoredResult:
     (when not the amount as sent), a partial approval, the account's currency (when not the
     message's), the conversion as sent, an inquiry's figures, what clearings before a hold
     released of it; and what names a card control's decline (the card's status, the
-    limit)."""
+    limit). (A field the row does not have keeps the record's default.)"""
     account_currency = row["account_currency"] or a.currency
-    if account_currency != a.currency:
+    converted = account_currency != a.currency
+    if converted:
         record.account_currency = account_currency
     approved = row["approved"]
-    if approved is not None and record.result is Result.APPROVED:
+    if approved is not None and record.result is Result.APPROVED \
+            and (converted or approved != a.amount_text):
         text = format_stored(approved, account_currency)
-        if text != a.amount_text or account_currency != a.currency:
+        if text != a.amount_text or converted:
             record.amount_approved_text = text
-    record.partial = bool(row["partial"])
-    record.billing_amount_text = a.billing_amount_text
-    record.billing_currency = a.billing_currency
-    record.ledger_balance_text = _applied(row["ledger_balance"], account_currency)
-    record.available_balance_text = _applied(row["available_balance"], account_currency)
-    record.already_cleared_text = _applied(row["already_cleared"], account_currency)
+    if row["partial"]:
+        record.partial = True
+    if a.billing_currency is not None:
+        record.billing_amount_text = a.billing_amount_text
+        record.billing_currency = a.billing_currency
+    for column, field in _FIGURES:
+        text = row[column]
+        if text is not None:
+            setattr(record, field, format_stored(text, account_currency))
     record.card_status = row["card_status"]
     record.limit_id = row["limit_id"]
     return record
+
+
+# The figures of a decision in the account's currency that few rows have (an inquiry's
+# balances, what clearings before a hold released), and the record's field for each.
+_FIGURES = (("ledger_balance", "ledger_balance_text"),
+            ("available_balance", "available_balance_text"),
+            ("already_cleared", "already_cleared_text"))
 
 
 def stored_from_row(row: Any) -> StoredResult:
