@@ -10,8 +10,10 @@ CREATE SEQUENCE payauth_waiting_order AS bigint;
 ALTER TABLE orphan_reversals ADD COLUMN arrival bigint;
 ALTER TABLE early_clearings ADD COLUMN arrival bigint;
 
--- The rows of before, numbered as they were applied then: by arrival time, an orphan
--- reversal before a clearing of the same time, then by transaction_id.
+-- The rows of before, numbered by the time they came (arrived_at), an orphan reversal
+-- before a clearing of the same time, then by transaction_id: the orphan reversals among
+-- themselves as they were applied and published then (those still waiting will be applied
+-- with the clearings in that one order, not all reversals first as before).
 UPDATE orphan_reversals r SET arrival = o.n
   FROM (SELECT w.txn_id, w.orphan, row_number() OVER (ORDER BY w.arrived_at, w.orphan DESC,
                                                       w.txn_id) AS n

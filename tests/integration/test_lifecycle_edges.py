@@ -121,9 +121,10 @@ def test_what_waited_for_a_hold_is_applied_in_the_order_it_came(env, spawn_worke
 def test_the_upgrade_numbers_what_waits_in_the_order_it_was_applied_before(
         live_stack: None, tmp_path: Path) -> None:
     """A database at migration 027 with reversals and clearings kept for their originals
-    (two of one batch, sharing arrived_at); the upgrade numbers them as they were applied
-    before it (by arrived_at, an orphan reversal before a clearing, then transaction_id),
-    and a reversal kept after it, as the worker's role keeps it, comes after them all."""
+    (two of one batch, sharing arrived_at); the upgrade numbers them by arrived_at, an
+    orphan reversal before a clearing of the same time, then by transaction_id (the orphan
+    reversals among themselves as they were applied before it), and a reversal kept after
+    it, as the worker's role keeps it, comes after them all."""
     older, no_definitions = tmp_path / "older", tmp_path / "sql"
     older.mkdir()
     no_definitions.mkdir()

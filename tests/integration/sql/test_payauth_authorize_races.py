@@ -321,6 +321,43 @@ def test_a_control_written_by_hand_while_a_batch_decides_waits_for_it(
         ("APPROVED", "DECLINED", reason)
 
 
+def test_a_card_block_written_while_its_card_moves_locks_the_account_it_moved_to(
+        env: stack.Env) -> None:
+    """A block of a card reads which account the card is of: 1. the card is moved by hand
+    from A to B, not committed. 2. A block of the card is written by hand: it waits for the
+    move. 3. The move commits; the block then takes B's lock, the card's account now (seen
+    taking A's, the account it read before the move, with the card read unlocked: a batch
+    deciding for B would not have waited for the block)."""
+    a, b = f"MOVE-A-{uuid.uuid4().hex[:6]}", f"MOVE-B-{uuid.uuid4().hex[:6]}"
+    card = f"CARD-{a}"
+    asyncio.run(stack.seed_accounts(env.dsn, [(a, "10.00", "EUR"), (b, "10.00", "EUR")]))
+    stack.fetch(env.dsn, "INSERT INTO cards (card_id, account_id) VALUES ($1, $2) RETURNING 1",
+                card, a)
+
+    async def scenario() -> None:
+        mover, blocker, other = [await asyncpg.connect(env.dsn) for _ in range(3)]
+        try:
+            async with mover.transaction():
+                await mover.execute("UPDATE cards SET account_id = $1 WHERE card_id = $2",
+                                    b, card)
+                blocking = blocker.transaction()
+                await blocking.start()
+                block = asyncio.create_task(blocker.execute(
+                    "INSERT INTO card_blocks (scope, scope_id, kind, value) "
+                    "VALUES ('CARD', $1, 'CATEGORY', '7995')", card))
+                await stack.until_a_lock_is_awaited(env.dsn)  # the block, for the move
+            await block  # written, not committed: the locks it took are held
+            with pytest.raises(asyncpg.LockNotAvailableError):
+                await other.execute("SELECT 1 FROM accounts WHERE account_id = $1 "
+                                    "FOR UPDATE NOWAIT", b)
+            await blocking.rollback()
+        finally:
+            for conn in (mover, blocker, other):
+                await conn.close()
+
+    asyncio.run(scenario())
+
+
 @pytest.mark.parametrize("kind", ["REVERSAL", "INCREMENTAL"])
 def test_a_batch_never_waits_for_a_hold_of_an_account_it_has_not_locked(
         env: stack.Env, kind: str) -> None:
