@@ -27,7 +27,7 @@ import asyncpg
 
 from service.config import Settings
 from service.domain.vocabulary import IDENTIFIER_PATTERN
-from service.ops import csv_file
+from service.ops import control_scopes, csv_file
 
 COLUMNS = ("scope", "scope_id", "kind", "value")
 SCOPES = ("CARD", "ACCOUNT")
@@ -78,23 +78,11 @@ async def change(dsn: str, rows: list[BlockRow], *, lift: bool) -> str:
     conn = await asyncpg.connect(dsn)
     try:
         async with conn.transaction():
-            owners = {(r["scope"], r["scope_id"]): r["account_id"] for r in await conn.fetch(
-                """SELECT 'ACCOUNT' AS scope, account_id AS scope_id, account_id
-                     FROM accounts WHERE account_id = ANY($1::text[])
-                   UNION ALL
-                   SELECT 'CARD', card_id, account_id FROM cards
-                    WHERE card_id = ANY($1::text[])""",
-                list({r.scope_id for r in rows}))}
-            problems = [f"line {r.line}: {r.scope.lower()} {r.scope_id} does not exist"
-                        for r in rows if (r.scope, r.scope_id) not in owners]
+            owners, problems = await control_scopes.owners(conn, rows)
             if problems:
                 raise csv_file.FileInvalid(problems)
-            # The accounts' locks, in the order every batch takes them (each row written
-            # would take its own, row by row: payauth_controls_changed_behind_their_accounts).
-            await conn.execute(
-                "SELECT 1 FROM accounts WHERE account_id = ANY($1::text[]) "
-                "ORDER BY account_id FOR UPDATE",
-                sorted({owners[(r.scope, r.scope_id)] for r in rows}))
+            await control_scopes.lock_accounts(conn, (owners[(r.scope, r.scope_id)]
+                                                      for r in rows))
             columns = ([r.scope for r in rows], [r.scope_id for r in rows],
                        [r.kind for r in rows], [r.value for r in rows])
             if lift:
@@ -135,12 +123,7 @@ async def show(dsn: str, card_id: str | None, account_id: str | None) -> list[st
     exist."""
     conn = await asyncpg.connect(dsn)
     try:
-        found = await conn.fetchval(
-            "SELECT count(*) FROM cards WHERE card_id = $1" if card_id else
-            "SELECT count(*) FROM accounts WHERE account_id = $1", card_id or account_id)
-        if not found:
-            raise LookupError(f"no {'card' if card_id else 'account'} "
-                              f"{card_id or account_id!r}")
+        await control_scopes.require(conn, card_id, account_id)
         rows = await conn.fetch(_SHOW, card_id, account_id)
     finally:
         await conn.close()

@@ -36,7 +36,7 @@ from service.domain.vocabulary import (
     LimitPeriod,
     LimitScope,
 )
-from service.ops import csv_file
+from service.ops import control_scopes, csv_file
 
 COLUMNS = ("limit_id", "scope", "scope_id", "period", "max_amount", "max_count",
            "merchant_category")
@@ -103,15 +103,7 @@ async def load(dsn: str, rows: list[LimitRow]) -> str:
     conn = await asyncpg.connect(dsn)
     try:
         async with conn.transaction():
-            owners = {(r["scope"], r["scope_id"]): r["account_id"] for r in await conn.fetch(
-                """SELECT 'ACCOUNT' AS scope, account_id AS scope_id, account_id
-                     FROM accounts WHERE account_id = ANY($1::text[])
-                   UNION ALL
-                   SELECT 'CARD', card_id, account_id FROM cards
-                    WHERE card_id = ANY($1::text[])""",
-                list({r.scope_id for r in rows}))}
-            problems = [f"line {r.line}: {r.scope.lower()} {r.scope_id} does not exist"
-                        for r in rows if (r.scope, r.scope_id) not in owners]
+            owners, problems = await control_scopes.owners(conn, rows)
             existing = {e["limit_id"]: e for e in await conn.fetch(
                 "SELECT * FROM spending_limits WHERE limit_id = ANY($1::text[])",
                 [r.limit_id for r in rows])}
@@ -126,11 +118,8 @@ async def load(dsn: str, rows: list[LimitRow]) -> str:
                                     f"{category}; another limit needs another id")
             if problems:
                 raise csv_file.FileInvalid(problems)
-            # The accounts' locks, in the order every batch takes them.
-            await conn.execute(
-                "SELECT 1 FROM accounts WHERE account_id = ANY($1::text[]) "
-                "ORDER BY account_id FOR UPDATE",
-                sorted({owners[(r.scope, r.scope_id)] for r in rows}))
+            await control_scopes.lock_accounts(conn, (owners[(r.scope, r.scope_id)]
+                                                      for r in rows))
             # A limit another command inserted since the check above (its transaction
             # still open then) is found here, once it commits: its maximums change only if
             # it counts what the file says; otherwise it is not written, and not returned.
@@ -184,12 +173,7 @@ async def show(dsn: str, card_id: str | None, account_id: str | None, tz: str) -
     card or account that does not exist."""
     conn = await asyncpg.connect(dsn)
     try:
-        found = await conn.fetchval(
-            "SELECT count(*) FROM cards WHERE card_id = $1" if card_id else
-            "SELECT count(*) FROM accounts WHERE account_id = $1", card_id or account_id)
-        if not found:
-            raise LookupError(f"no {'card' if card_id else 'account'} "
-                              f"{card_id or account_id!r}")
+        await control_scopes.require(conn, card_id, account_id)
         rows = await conn.fetch(_SHOW, card_id, account_id, tz)
     finally:
         await conn.close()
