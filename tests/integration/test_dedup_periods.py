@@ -23,7 +23,7 @@ from service.adapters import retention
 from service.adapters.postgres import PostgresStore
 from service.core.ports import TransientError
 from service.domain.messages import Authorization, decode_authorization
-from service.ops.migrate import MIGRATIONS_DIR, migrate
+from service.ops.migrate import migrate
 from tests.support import stack
 from tests.support.factory import auth_message, authorization, encode
 from tests.support.held_open import HeldOpenStore, command_while_a_batch_decides
@@ -643,21 +643,9 @@ def test_the_upgrade_keeps_every_record_and_each_still_guards(live_stack: None,
     """A store at migration 017 with records (one of each day of the last three); then the
     upgrade: every record kept, field for field, in the partition of the periods before;
     each still a duplicate, and a claim of one that a stale lookup missed is lost."""
-    older, no_definitions = tmp_path / "older", tmp_path / "sql"
-    older.mkdir()
-    no_definitions.mkdir()
-    (no_definitions / "ORDER").write_text("")
-    for path in sorted(MIGRATIONS_DIR.glob("*.sql")):
-        if path.name < "018":
-            (older / path.name).write_text(path.read_text())
-    database = f"payauth_t_{uuid.uuid4().hex[:10]}"
+    database, dsn = asyncio.run(stack.database_before("018", tmp_path))
 
     async def scenario() -> None:
-        admin = await asyncpg.connect(stack.ENDPOINTS.pg_admin_dsn)
-        await admin.execute(f'CREATE DATABASE "{database}"')
-        await admin.close()
-        dsn = stack.dsn_for(database)
-        await migrate(dsn, older, no_definitions)
         conn = await asyncpg.connect(dsn)
         try:
             await conn.execute(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 from decimal import Decimal
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import asyncpg
 from service.adapters.postgres import PostgresStore
 from service.domain.events import encode_event, events_of
 from service.domain.messages import Authorization, decode_authorization
-from service.ops.migrate import MIGRATIONS_DIR, migrate
+from service.ops.migrate import migrate
 from tests.support import lifecycle as lc
 from tests.support import stack
 from tests.support.factory import encode
@@ -125,21 +124,9 @@ def test_the_upgrade_numbers_what_waits_in_the_order_it_was_applied_before(
     orphan reversal before a clearing of the same time, then by transaction_id (the orphan
     reversals among themselves as they were applied before it), and a reversal kept after
     it, as the worker's role keeps it, comes after them all."""
-    older, no_definitions = tmp_path / "older", tmp_path / "sql"
-    older.mkdir()
-    no_definitions.mkdir()
-    (no_definitions / "ORDER").write_text("")
-    for path in sorted(MIGRATIONS_DIR.glob("*.sql")):
-        if path.name < "028":
-            (older / path.name).write_text(path.read_text())
-    database = f"payauth_t_{uuid.uuid4().hex[:10]}"
+    database, dsn = asyncio.run(stack.database_before("028", tmp_path))
 
     async def scenario() -> list[str]:
-        admin = await asyncpg.connect(stack.ENDPOINTS.pg_admin_dsn)
-        await admin.execute(f'CREATE DATABASE "{database}"')
-        await admin.close()
-        dsn = stack.dsn_for(database)
-        await migrate(dsn, older, no_definitions)
         conn = await asyncpg.connect(dsn)
         try:
             await conn.execute(

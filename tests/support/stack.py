@@ -114,6 +114,27 @@ async def create_database() -> str:
     return name
 
 
+async def database_before(migration: str, tmp_path: Path) -> tuple[str, str]:
+    """A new database as a release before ``migration`` left it (the migrations named
+    before it applied, no definition of sql/), for a test of the upgrade: (name, dsn)."""
+    from service.ops.migrate import MIGRATIONS_DIR, migrate
+    older, no_definitions = tmp_path / "older", tmp_path / "sql"
+    older.mkdir()
+    no_definitions.mkdir()
+    (no_definitions / "ORDER").write_text("")
+    for path in sorted(MIGRATIONS_DIR.glob("*.sql")):
+        if path.name < migration:
+            (older / path.name).write_text(path.read_text())
+    name = f"payauth_t_{uuid.uuid4().hex[:10]}"
+    conn = await asyncpg.connect(ENDPOINTS.pg_admin_dsn)
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    await migrate(dsn_for(name), older, no_definitions)
+    return name, dsn_for(name)
+
+
 async def drop_database(name: str) -> None:
     conn = await asyncpg.connect(ENDPOINTS.pg_admin_dsn)
     try:
