@@ -307,10 +307,10 @@ def test_a_control_written_by_hand_while_a_batch_decides_waits_for_it(
         env: stack.Env, statement: str, reason: str) -> None:
     """The controls written by hand (a bank's own tool may write a block, a status or a
     limit itself, as the contract allows) take the locks of the accounts they concern, as
-    the commands do (a trigger): 1. a batch decides a purchase on the card (5411, nothing blocks it), its
-    account locked, not committed. 2. The write waits for that lock. 3. The batch commits,
-    approved; the write commits, and the next purchase is declined by it (seen not waiting,
-    and committed while the batch was open, without the trigger)."""
+    the commands do (a trigger): 1. a batch decides a purchase on the card (5411, nothing
+    blocks it), its account locked, not committed. 2. The write waits for that lock. 3. The
+    batch commits, approved; the write commits, and the next purchase is declined by it
+    (seen not waiting, and committed while the batch was open, without the trigger)."""
     account, card = _a_card(env, "100.00")
     first, said, [after] = command_while_a_batch_decides(
         env, _on_card("P1", account, card, "10.00"),
