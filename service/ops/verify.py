@@ -209,26 +209,23 @@ LIFECYCLE_CHECKS = (
 # Card controls (docs/operations.md, "Card controls and spending limits").
 CONTROLS_CHECKS = (
     # (The purge takes the charges away with their dedup records, but a standing hold's,
-    # and keeps the usage: a period that began, with a day to spare, after the oldest record
-    # kept has all its charges; an older one's usage is at least what they count, a usage
-    # that is missing counting nothing.)
+    # and keeps what it took with the usage: every period's usage is its charges and what
+    # was purged of them, a usage that is missing counting nothing.)
     Check(
         "each spending limit's usage is what its charges count",
         """SELECT coalesce(u.limit_id, c.limit_id) || ' ' || coalesce(u.period_start,
                   c.period_start) || ': usage ' || coalesce(u.amount, 0) || ' / '
                   || coalesce(u.count, 0) || ', charges ' || coalesce(c.amount, 0) || ' / '
-                  || coalesce(c.count, 0)
+                  || coalesce(c.count, 0) || ', purged ' || coalesce(u.purged_amount, 0)
+                  || ' / ' || coalesce(u.purged_count, 0)
              FROM limit_usage u
              FULL JOIN (SELECT limit_id, period_start, sum(amount) AS amount,
                                sum(count) AS count
                           FROM limit_charges GROUP BY limit_id, period_start) c
                     USING (limit_id, period_start)
-            WHERE CASE WHEN coalesce(u.period_start, c.period_start) - 1
-                            >= (SELECT min(processed_at)::date FROM processed_transactions)
-                       THEN coalesce(u.amount, 0) <> coalesce(c.amount, 0)
-                            OR coalesce(u.count, 0) <> coalesce(c.count, 0)
-                       ELSE coalesce(u.amount, 0) < coalesce(c.amount, 0)
-                            OR coalesce(u.count, 0) < coalesce(c.count, 0) END""",
+            WHERE coalesce(u.amount, 0)
+                      <> coalesce(c.amount, 0) + coalesce(u.purged_amount, 0)
+               OR coalesce(u.count, 0) <> coalesce(c.count, 0) + coalesce(u.purged_count, 0)""",
     ),
     Check(
         "a limit counts an approved message, never more than was approved",

@@ -29,8 +29,9 @@ def cards_script(batch: int, accounts: int, statement: str = sql.AUTHORIZE_STATE
                  cards: str = "BP-") -> str:
     """One call of ``batch`` purchases of 1.00 EUR, each naming its account's card
     ``cards…`` (the pair's seed: ``BP-…`` without limits, ``BK-…`` with a daily and a monthly
-    limit), on accounts ``BA-…`` in turn from a random one."""
-    number = f"lpad(((:a + g) % {accounts})::text, 5, '0')"
+    limit), on accounts ``BA-…`` drawn at random, as the benchmark's messages are (each
+    message's number a hash of the call's and its own: its account and its card agree)."""
+    number = f"lpad(((hashint4(:a + g) & 2147483647) % {accounts})::text, 5, '0')"
     return "\n".join(["\\set n random(1, 2000000000)",
                       f"\\set a random(0, {accounts - 1})",
                       _call(statement, batch, "pgk", f"'BA-' || {number}", "PURCHASE",

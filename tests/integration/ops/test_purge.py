@@ -14,6 +14,8 @@ import asyncpg
 from service.adapters import retention
 from service.adapters.postgres import PostgresStore
 from service.domain.messages import decode_authorization
+from service.ops.migrate import migrate
+from service.ops.verify import report, verify
 from tests.support import stack
 from tests.support.factory import auth_message, encode
 from tests.support.workers import payauth, wait_caught_up, wait_until
@@ -59,12 +61,15 @@ def test_purge_keeps_the_window_and_the_ledger_still_guards(env, spawn_worker) -
 def test_purge_takes_the_limits_charges_with_their_records_and_keeps_the_usage(
         env) -> None:
     """Two purchases on a card with a daily and a monthly limit; the first's record set 100 h
-    back, and a daily usage row of a period over ten days ago: the purge takes the first's
-    two charges with its record, keeps the second's charges and every usage, today's still
-    counting both (a reversal after the window gives nothing back: the limit only stricter;
-    a message decided late may still count in the old period). `verify` holds today's usage
-    to at least its charges then, and still finds a usage below its charges, or one of a
-    period after the oldest record that its charges do not make."""
+    back, and a daily usage row of a period over ten days ago whose charges were purged: the
+    purge takes the first's two charges with its record and keeps what they counted with
+    the usage (purged), keeps the second's charges and every usage, today's still counting
+    both (a reversal after the window gives nothing back: the limit only stricter; a message
+    decided late may still count in the old period). `verify` holds every usage to its
+    charges and what was purged, exactly: it passes, then finds a usage below them, one
+    above them (a count twice in the old period: seen passing when a period older than the
+    oldest record was held only to at least its charges), and one its charges do not
+    make."""
     account = f"ACC-{uuid.uuid4().hex[:8]}"
     card, day, month = f"CARD-{account}", f"LD-{account}", f"LM-{account}"
     asyncio.run(stack.seed_accounts(env.dsn, [(account, "1000.00", "EUR")]))
@@ -97,8 +102,9 @@ def test_purge_takes_the_limits_charges_with_their_records_and_keeps_the_usage(
     assert [r["same"] for r in stamped] == [True] * 4
     stack.fetch(env.dsn, "UPDATE processed_transactions "
                          "SET processed_at = now() - interval '100 hours' WHERE txn_id = $1", first)
-    stack.fetch(env.dsn, "INSERT INTO limit_usage (limit_id, period_start, amount, count) "
-                         "VALUES ($1, current_date - 10, 70, 3) RETURNING 1", day)
+    stack.fetch(env.dsn, "INSERT INTO limit_usage (limit_id, period_start, amount, count, "
+                         "purged_amount, purged_count) "
+                         "VALUES ($1, current_date - 10, 70, 3, 70, 3) RETURNING 1", day)
 
     result = payauth(env, "purge")
     assert result.returncode == 0, result.stderr
@@ -106,13 +112,26 @@ def test_purge_takes_the_limits_charges_with_their_records_and_keeps_the_usage(
         env.dsn, "SELECT txn_id, limit_id FROM limit_charges WHERE txn_id = ANY($1)",
         [first, second]))
     assert charges == sorted([(second, day), (second, month)])
-    usage = {(r["limit_id"], r["old"]): (r["amount"], r["count"]) for r in stack.fetch(
-        env.dsn, "SELECT limit_id, period_start = current_date - 10 AS old, amount, count "
-                 "FROM limit_usage WHERE limit_id = ANY($1)", [day, month])}
-    assert usage == {(day, False): (Decimal("20.00"), 2), (month, False): (Decimal("20.00"), 2),
-                     (day, True): (Decimal("70"), 3)}
+    usage = {(r["limit_id"], r["old"]): (r["amount"], r["count"], r["purged_amount"],
+                                          r["purged_count"]) for r in stack.fetch(
+        env.dsn, "SELECT limit_id, period_start = current_date - 10 AS old, amount, count, "
+                 "purged_amount, purged_count FROM limit_usage WHERE limit_id = ANY($1)",
+        [day, month])}
+    assert usage == {(day, False): (Decimal("20.00"), 2, Decimal("10.00"), 1),
+                     (month, False): (Decimal("20.00"), 2, Decimal("10.00"), 1),
+                     (day, True): (Decimal("70"), 3, Decimal("70"), 3)}
     verified = payauth(env, "verify")
     assert verified.returncode == 0, verified.stdout + verified.stderr
+
+    stack.fetch(env.dsn, "UPDATE limit_usage SET amount = amount + 10, count = count + 1 "
+                         "WHERE limit_id = $1 AND period_start = current_date - 10 RETURNING 1",
+                day)
+    above = payauth(env, "verify")
+    assert above.returncode != 0 and "usage 80 / 4, charges 0 / 0, purged 70 / 3" \
+        in above.stdout, above.stdout
+    stack.fetch(env.dsn, "UPDATE limit_usage SET amount = amount - 10, count = count - 1 "
+                         "WHERE limit_id = $1 AND period_start = current_date - 10 RETURNING 1",
+                day)
 
     stack.fetch(env.dsn, "UPDATE limit_usage SET amount = 5 WHERE limit_id = $1 RETURNING 1",
                 day)
@@ -123,8 +142,47 @@ def test_purge_takes_the_limits_charges_with_their_records_and_keeps_the_usage(
     stack.fetch(env.dsn, "INSERT INTO limit_usage (limit_id, period_start, amount, count) "
                          "VALUES ($1, current_date + 2, 5, 1) RETURNING 1", day)
     uncharged = payauth(env, "verify")
-    assert uncharged.returncode != 0 and "usage 5 / 1, charges 0 / 0" in uncharged.stdout, \
-        uncharged.stdout
+    assert uncharged.returncode != 0 and "usage 5 / 1, charges 0 / 0, purged 0 / 0" \
+        in uncharged.stdout, uncharged.stdout
+
+
+def test_the_upgrade_keeps_as_purged_what_an_old_period_counts_beyond_its_charges(
+        tmp_path) -> None:
+    """A database as the release before migration 030 left it, no record kept (every period
+    older than the oldest record, so held then only to at least its charges): a usage above
+    its charges keeps the difference as purged, one with no charge left keeps all of it;
+    one below its charges keeps nothing, and `verify` names it still."""
+    database, dsn = asyncio.run(stack.database_before("030", tmp_path))
+
+    async def scenario() -> tuple[dict, str, bool]:
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.execute(
+                "INSERT INTO limit_usage (limit_id, period_start, amount, count) VALUES "
+                "('L', current_date - 10, 70, 3), ('L', current_date - 11, 40, 2), "
+                "('L', current_date - 12, 5, 1)")
+            await conn.execute(
+                "INSERT INTO limit_charges (txn_id, charged_by, limit_id, period_start, "
+                "amount, count) VALUES ('P1', 'P1', 'L', current_date - 10, 20, 1), "
+                "('P2', 'P2', 'L', current_date - 12, 6, 1), "
+                "('P3', 'P3', 'L', current_date - 12, 4, 1)")
+            await migrate(dsn)
+            purged = {r["age"]: (r["purged_amount"], r["purged_count"]) for r in await conn.fetch(
+                "SELECT current_date - period_start AS age, purged_amount, purged_count "
+                "FROM limit_usage")}
+        finally:
+            await conn.close()
+        text, ok = report(await verify(dsn))
+        return purged, text, ok
+
+    try:
+        purged, text, ok = asyncio.run(scenario())
+    finally:
+        asyncio.run(stack.drop_database(database))
+    assert purged == {10: (Decimal("50"), 2), 11: (Decimal("40"), 2), 12: (Decimal("0"), 0)}
+    failed = [line for line in text.splitlines() if line.startswith("FAIL")]
+    assert not ok and len(failed) == 1 and "usage 5 / 1, charges 10 / 2, purged 0 / 0" \
+        in failed[0], text
 
 
 def test_the_workers_role_purges_every_table_it_keeps(env) -> None:

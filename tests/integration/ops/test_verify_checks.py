@@ -35,7 +35,6 @@ BREAKS = {
     "balance it read":
         "UPDATE processed_transactions SET input_balance = 10 WHERE txn_id = '{buy}'",
     "each spending limit's usage is what its charges count":
-        # (below its charges: a period older than the oldest record kept may hold more)
         "UPDATE limit_usage SET amount = amount - 1",
     "a limit counts an approved message, never more than was approved":
         "UPDATE limit_charges SET amount = 1000 WHERE charged_by = '{hold}'",
@@ -84,8 +83,12 @@ MORE_BREAKS = [
     ("an approval (a partial one too) never above what was asked nor the available "
      "balance it read",
      "UPDATE processed_transactions SET amount_approved = 20 WHERE txn_id = '{pur}'"),
-    # charges whose usage is gone (in a period older than the oldest record kept)
+    # charges whose usage is gone
     ("each spending limit's usage is what its charges count", "DELETE FROM limit_usage"),
+    # a message counted twice in a period that began before the oldest record kept (today's
+    # here: every record is of today)
+    ("each spending limit's usage is what its charges count",
+     "UPDATE limit_usage SET amount = amount + 10, count = count + 1"),
     # a charge whose decision kept no limit it read
     ("a limit counts a message in a limit and period its decision read",
      "UPDATE processed_transactions SET input_limit_reads = NULL WHERE txn_id = '{inc}'"),
