@@ -4,12 +4,12 @@ by another, interleaved exactly as a review found them losing the reversal's cre
 purchase's batch reading the waiting orphans before it locked the account); a clearing kept
 before its hold and the hold decided by another batch, at the same point; two purchases of
 one card with room in its limit for one; a card frozen, and a limit loaded, while a batch
-decides for its account; a batch naming a hold of an account it has not locked while that
-hold's batch is open; a claim lost to a batch still open, which costs its own message and
-not the batch; an original of another account committed while a batch decides a reversal
-or clearing that names it (found a mismatch, or not found at all, never released or
-credited on the wrong account); and the first race many times over through two stores, as
-two workers' batches meet."""
+decides for its account (by command, by hand, or applied by a replication feed); a batch
+naming a hold of an account it has not locked while that hold's batch is open; a claim lost
+to a batch still open, which costs its own message and not the batch; an original of another
+account committed while a batch decides a reversal or clearing that names it (found a
+mismatch, or not found at all, never released or credited on the wrong account); and the
+first race many times over through two stores, as two workers' batches meet."""
 
 from __future__ import annotations
 
@@ -284,10 +284,14 @@ def test_a_limit_loaded_while_a_batch_decides_for_its_account_waits_for_it(
     assert (usage["amount"], usage["count"]) == (Decimal("60.00"), 1)
 
 
-async def _by_hand(dsn: str, statement: str, *args: Any) -> str:
-    """A statement run by hand, as the database's owner (a bank's own tool, psql)."""
+async def _by_hand(dsn: str, statement: str, *args: Any, replaying: bool = False) -> str:
+    """A statement run by hand, as the database's owner (a bank's own tool, psql); or, with
+    ``replaying``, as a logical replication subscription applies a change
+    (session_replication_role = replica: a core system's feed of its cards and accounts)."""
     conn = await asyncpg.connect(dsn)
     try:
+        if replaying:
+            await conn.execute("SET session_replication_role = replica")
         return str(await conn.execute(statement, *args))
     finally:
         await conn.close()
@@ -303,18 +307,21 @@ async def _by_hand(dsn: str, statement: str, *args: Any) -> str:
     ("INSERT INTO spending_limits (limit_id, scope, scope_id, period, max_count) "
      "VALUES ('LIM-' || $1, 'CARD', $1, 'DAY', 0)", "LIMIT_EXCEEDED"),
 ])
+@pytest.mark.parametrize("replaying", [False, True], ids=["by hand", "replicated"])
 def test_a_control_written_by_hand_while_a_batch_decides_waits_for_it(
-        env: stack.Env, statement: str, reason: str) -> None:
+        env: stack.Env, statement: str, reason: str, replaying: bool) -> None:
     """The controls written by hand (a bank's own tool may write a block, a status or a
-    limit itself, as the contract allows) take the locks of the accounts they concern, as
-    the commands do (a trigger): 1. a batch decides a purchase on the card (5411, nothing
-    blocks it), its account locked, not committed. 2. The write waits for that lock. 3. The
-    batch commits, approved; the write commits, and the next purchase is declined by it
-    (seen not waiting, and committed while the batch was open, without the trigger)."""
+    limit itself, as the contract allows), or applied by a logical replication subscription,
+    take the locks of the accounts they concern, as the commands do (a trigger, one that
+    fires in a replica session too): 1. a batch decides a purchase on the card (5411,
+    nothing blocks it), its account locked, not committed. 2. The write waits for that lock.
+    3. The batch commits, approved; the write commits, and the next purchase is declined by
+    it (seen not waiting, and committed while the batch was open, without the trigger; and
+    so when replicated, with the trigger an ordinary one)."""
     account, card = _a_card(env, "100.00")
     first, said, [after] = command_while_a_batch_decides(
         env, _on_card("P1", account, card, "10.00"),
-        lambda: _by_hand(env.dsn, statement, card),
+        lambda: _by_hand(env.dsn, statement, card, replaying=replaying),
         [_on_card("P2", account, card, "10.00")])
     assert said.endswith(" 1")
     assert (first.result, after.result, after.decline_reason) == \
@@ -476,23 +483,29 @@ def test_an_original_of_another_account_decided_meanwhile_moves_nothing_of_it(
                        )[0]["amount_applied"] in (None, Decimal("0"))
 
 
+@pytest.mark.parametrize("replaying", [False, True], ids=["loaded", "replicated"])
 def test_an_account_added_while_a_batch_decides_it_unknown_waits_for_that_batch(
-        env: stack.Env) -> None:
+        env: stack.Env, replaying: bool) -> None:
     """1. A batch keeps the reversal R of P for account Y, not there yet (an orphan), and
-    stays open. 2. `payauth accounts load` adds Y: it must wait for that batch, or the batch
-    that decides P on Y could miss R (the customer never credited). 3. P, decided after,
-    applies R: Y's balance back where it was."""
+    stays open. 2. `payauth accounts load` adds Y (or a logical replication subscription
+    applies its row, in a replica session): it must wait for that batch, or the batch that
+    decides P on Y could miss R (the customer never credited). 3. P, decided after, applies
+    R: Y's balance back where it was (replicated: seen not waiting with the fence's trigger
+    an ordinary one)."""
     run = uuid.uuid4().hex[:6]
     y = f"RACE-Y-{run}"
     reversal = authorization(f"R-{run}", y, "10.00", kind="REVERSAL", original=f"P-{run}")
 
     async def load_y() -> Any:
+        if replaying:
+            return await _by_hand(env.dsn, "INSERT INTO accounts (account_id, balance, "
+                                  "currency) VALUES ($1, 100.00, 'EUR')", y, replaying=True)
         return await accounts.load(env.dsn, [accounts.AccountRow(1, y, Decimal("100.00"),
                                                                  "EUR", "ACTIVE")])
 
     kept, loaded, [purchase] = command_while_a_batch_decides(
         env, reversal, load_y, [authorization(f"P-{run}", y, "10.00")])
-    assert kept.orphan and loaded.new == [y]
+    assert kept.orphan and (loaded == "INSERT 0 1" if replaying else loaded.new == [y])
     assert purchase.result.value == "APPROVED"
     [row] = stack.fetch(env.dsn, "SELECT balance FROM accounts WHERE account_id = $1", y)
     assert row["balance"] == Decimal("100.00")  # debited 10.00, credited back by R
