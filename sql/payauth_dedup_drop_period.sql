@@ -1,9 +1,8 @@
 -- payauth_dedup_drop_period: detach the oldest partition of the dedup store whose whole
 -- period is past the retention window (p_retention_hours) and that keeps no record within
 -- it (an administrator may have set one's processed_at later), with the spending limits'
--- charges counted in that period (what a reversal would give back; what goes is kept with
--- each limit's usage, payauth_limit_usage_purged) but those kept under a hold that still
--- stands: a reversal gives back what it releases of a hold whatever the
+-- charges counted in that period (what a reversal would give back; what they counted is
+-- kept, payauth_limit_charges_purged) but those kept under a hold that still stands: a reversal gives back what it releases of a hold whatever the
 -- hold's age, so those go with the period under way instead, to be looked at again when
 -- that one is dropped (a hold ends within PAYAUTH_HOLD_EXPIRY_HOURS: a few periods at
 -- most). A purchase's, and an ended hold's, go: a reversal after the window finds no
@@ -37,7 +36,6 @@ DECLARE
     upper_ timestamptz;
     kept   boolean;
     n      bigint;
-    tallied text;  -- (payauth_limit_usage_purged's void)
 BEGIN
     IF p_retention_hours IS NULL OR p_retention_hours <= 0 THEN
         RAISE EXCEPTION 'payauth_dedup_drop_period: the window must be above 0 hours, not %',
@@ -79,13 +77,8 @@ BEGIN
         UPDATE limit_charges c SET dedup_period = payauth_dedup_period(payauth_dedup_clock())
          WHERE c.dedup_period >= lower_ AND c.dedup_period < upper_
            AND EXISTS (SELECT 1 FROM holds h WHERE h.txn_id = c.txn_id AND h.state = 'ACTIVE');
-        -- (What goes is kept with its usage: payauth_limit_usage_purged.)
-        WITH gone AS (DELETE FROM limit_charges c
-                       WHERE c.dedup_period >= lower_ AND c.dedup_period < upper_
-                      RETURNING c.limit_id, c.period_start, c.amount, c.count)
-        SELECT payauth_limit_usage_purged(array_agg(g.limit_id), array_agg(g.period_start),
-                                          array_agg(g.amount), array_agg(g.count))
-          INTO tallied FROM gone g;
+        DELETE FROM limit_charges c
+         WHERE c.dedup_period >= lower_ AND c.dedup_period < upper_;
         -- (The charges of before periods apart: one condition with both reads every
         -- charge instead of the period's by its index.)
         IF EXISTS (SELECT 1 FROM limit_charges c WHERE c.dedup_period IS NULL) THEN
@@ -94,13 +87,8 @@ BEGIN
              WHERE c.dedup_period IS NULL
                AND EXISTS (SELECT 1 FROM holds h
                             WHERE h.txn_id = c.txn_id AND h.state = 'ACTIVE');
-            EXECUTE format('WITH gone AS (DELETE FROM limit_charges c USING %I p '
-                           'WHERE c.dedup_period IS NULL AND c.txn_id = p.txn_id '
-                           'RETURNING c.limit_id, c.period_start, c.amount, c.count) '
-                           'SELECT payauth_limit_usage_purged(array_agg(g.limit_id), '
-                           'array_agg(g.period_start), array_agg(g.amount), '
-                           'array_agg(g.count)) FROM gone g', victim)
-               INTO tallied;
+            EXECUTE format('DELETE FROM limit_charges c USING %I p '
+                           'WHERE c.dedup_period IS NULL AND c.txn_id = p.txn_id', victim);
         END IF;
         -- Then the store ONLY: the other periods' partitions are not locked (today's,
         -- which autovacuum works through most often, is vacuumed while claims go on).

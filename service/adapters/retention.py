@@ -40,10 +40,9 @@ DELETE FROM {table}
 # The spending limits' charges kept under a purge's batch of records (``batch``: what a
 # reversal of that purchase or hold would give back) go with them, but a standing hold's:
 # a reversal gives back what it releases of a hold whatever the hold's age, so those go
-# with the period under way instead (as payauth_dedup_drop_period keeps them). What goes is
-# kept with each limit's usage (payauth_limit_usage_purged). (A data-modifying WITH runs
-# whether or not it is read; ``tallied``, a SELECT, runs because the DELETE joins its one
-# row.)
+# with the period under way instead (as payauth_dedup_drop_period keeps them). What the
+# charges that go counted is kept (a trigger: sql/payauth_limit_charges_purged.sql). (A
+# data-modifying WITH runs whether or not it is read.)
 _BATCH_CHARGES = """kept AS (
     UPDATE limit_charges c SET dedup_period = payauth_dedup_period(payauth_dedup_clock())
       FROM batch b
@@ -53,11 +52,6 @@ _BATCH_CHARGES = """kept AS (
     DELETE FROM limit_charges c USING batch b
      WHERE c.txn_id = b.txn_id
        AND NOT EXISTS (SELECT 1 FROM holds h WHERE h.txn_id = c.txn_id AND h.state = 'ACTIVE')
-    RETURNING c.limit_id, c.period_start, c.amount, c.count
-), tallied AS (
-    SELECT payauth_limit_usage_purged(array_agg(g.limit_id), array_agg(g.period_start),
-                                      array_agg(g.amount), array_agg(g.count)) AS done
-      FROM charges g
 )"""
 
 
@@ -74,7 +68,7 @@ WITH batch AS (
      LIMIT $2
        FOR UPDATE SKIP LOCKED
 ), {_BATCH_CHARGES}
-DELETE FROM processed_transactions p USING batch b, tallied
+DELETE FROM processed_transactions p USING batch b
  WHERE p.txn_id = b.txn_id AND p.dedup_period = b.dedup_period
 """
 # ... and the default partition's (kept there for want of their period's partition).
@@ -86,8 +80,7 @@ WITH batch AS (
      LIMIT $2
        FOR UPDATE SKIP LOCKED
 ), {_BATCH_CHARGES}
-DELETE FROM processed_transactions_default p USING batch b, tallied
- WHERE p.txn_id = b.txn_id
+DELETE FROM processed_transactions_default p USING batch b WHERE p.txn_id = b.txn_id
 """
 # Publication receipts of the same age: every record that relied on one is older still
 # (processed before its batch was published), so it has been purged just before.

@@ -208,24 +208,29 @@ LIFECYCLE_CHECKS = (
 
 # Card controls (docs/operations.md, "Card controls and spending limits").
 CONTROLS_CHECKS = (
-    # (The purge takes the charges away with their dedup records, but a standing hold's,
-    # and keeps what it took with the usage: every period's usage is its charges and what
-    # was purged of them, a usage that is missing counting nothing.)
+    # (The purge takes the charges away with their dedup records, but a standing hold's;
+    # what they counted is kept in purged_limit_charges: every period's usage is its
+    # charges and what was purged of them, a usage that is missing counting nothing.)
     Check(
         "each spending limit's usage is what its charges count",
-        """SELECT coalesce(u.limit_id, c.limit_id) || ' ' || coalesce(u.period_start,
-                  c.period_start) || ': usage ' || coalesce(u.amount, 0) || ' / '
-                  || coalesce(u.count, 0) || ', charges ' || coalesce(c.amount, 0) || ' / '
-                  || coalesce(c.count, 0) || ', purged ' || coalesce(u.purged_amount, 0)
-                  || ' / ' || coalesce(u.purged_count, 0)
-             FROM limit_usage u
-             FULL JOIN (SELECT limit_id, period_start, sum(amount) AS amount,
+        """SELECT k.limit_id || ' ' || k.period_start || ': usage ' || coalesce(u.amount, 0)
+                  || ' / ' || coalesce(u.count, 0) || ', charges ' || coalesce(c.amount, 0)
+                  || ' / ' || coalesce(c.count, 0) || ', purged ' || coalesce(p.amount, 0)
+                  || ' / ' || coalesce(p.count, 0)
+             FROM (SELECT limit_id, period_start FROM limit_usage
+                   UNION SELECT limit_id, period_start FROM limit_charges
+                   UNION SELECT limit_id, period_start FROM purged_limit_charges) k
+             LEFT JOIN limit_usage u USING (limit_id, period_start)
+             LEFT JOIN (SELECT limit_id, period_start, sum(amount) AS amount,
                                sum(count) AS count
                           FROM limit_charges GROUP BY limit_id, period_start) c
                     USING (limit_id, period_start)
-            WHERE coalesce(u.amount, 0)
-                      <> coalesce(c.amount, 0) + coalesce(u.purged_amount, 0)
-               OR coalesce(u.count, 0) <> coalesce(c.count, 0) + coalesce(u.purged_count, 0)""",
+             LEFT JOIN (SELECT limit_id, period_start, sum(amount) AS amount,
+                               sum(count) AS count
+                          FROM purged_limit_charges GROUP BY limit_id, period_start) p
+                    USING (limit_id, period_start)
+            WHERE coalesce(u.amount, 0) <> coalesce(c.amount, 0) + coalesce(p.amount, 0)
+               OR coalesce(u.count, 0) <> coalesce(c.count, 0) + coalesce(p.count, 0)""",
     ),
     Check(
         "a limit counts an approved message, never more than was approved",

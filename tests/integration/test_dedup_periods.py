@@ -312,7 +312,7 @@ def test_the_purge_drops_whole_periods_and_deletes_only_what_was_set_back(
     counted in them), deletes the set-back record, and keeps the rest. A charge kept under
     a record of day -5 but counted today (an increment of its hold) stays; charges counted
     before charges had a period go with the record they are kept under. What the charges
-    that went counted is kept with the limit's usage, as purged."""
+    that went counted is kept (purged_limit_charges)."""
     _stop_the_clock(env.dsn)
     placed: dict[int, list[str]] = {}
     for day in (-5, -4, -1, 0):
@@ -337,8 +337,6 @@ def test_the_purge_drops_whole_periods_and_deletes_only_what_was_set_back(
                          "         WHERE p.txn_id = c.counted) "
                          "  FROM unnest($1::text[], $2::text[]) AS c(under, counted)",
                 [c[0] for c in charges], [c[1] for c in charges])
-    stack.fetch(env.dsn, "INSERT INTO limit_usage (limit_id, period_start, amount, count) "
-                         "VALUES ('L', current_date, 5, 5) RETURNING 1")
     set_back = placed[0][1]
     stack.fetch(env.dsn, "UPDATE processed_transactions SET processed_at = now() - "
                          "interval '100 days' WHERE txn_id = $1", set_back)
@@ -360,9 +358,9 @@ def test_the_purge_drops_whole_periods_and_deletes_only_what_was_set_back(
                            _part(_day(day)))[0]["r"] is None
     assert sorted(r["txn_id"] for r in stack.fetch(env.dsn, "SELECT txn_id FROM limit_charges")) \
         == sorted([placed[0][0], placed[-5][1], placed[-1][0]])
-    [usage] = stack.fetch(env.dsn, "SELECT amount, count, purged_amount, purged_count "
-                                   "FROM limit_usage WHERE limit_id = 'L'")
-    assert tuple(usage) == (5, 5, 2, 2)
+    [purged] = stack.fetch(env.dsn, "SELECT sum(amount) AS amount, sum(count) AS count "
+                                    "FROM purged_limit_charges WHERE limit_id = 'L'")
+    assert tuple(purged) == (2, 2)
     assert not stack.fetch(env.dsn, "SELECT 1 FROM pg_class WHERE relname LIKE '%purged'")
     assert _purge(env.dsn) == 0
 
