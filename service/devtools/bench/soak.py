@@ -2,12 +2,15 @@
 
 One worker, purging itself every minute (``PAYAUTH_PURGE_INTERVAL_SECONDS``) with a retention
 window of minutes (``SOAK_RETENTION_MINUTES``, 5) over a dedup store of periods of half the
-window (the purge drops whole periods, as at a bank's with a day's), takes a steady load at
-half the rate it drains a backlog at (measured first, on the same worker) for
+window (the purge drops whole periods, as at a bank's with a day's), takes a steady load of
+purchases on cards with a daily and a monthly limit each (never reached: every purchase
+counted twice, its charges purged with its period) at half the rate it drains a backlog
+of them at (measured first, on the same worker) for
 ``SOAK_MINUTES`` (30; hours are a setting). The load is sent in steps of ``SOAK_STEP_SECONDS``
 (60); after each, the step's p50 and p99 (produce → result event, ``paced.PacedLoad``), the
 worker's resident memory, and the dedup store's size (every period's partition, indexes
-and all) are kept. At the end, ``payauth verify`` on the database.
+and all) are kept. At the end, ``payauth verify`` on the database (each limit's usage its
+charges and what the purges took of them, exactly, among its checks).
 
 What it answers (``summarize``): the p99 and the memory of the last five minutes against the
 first five (the median of the steps' p99 in each, the mean of the memory: within 1.2 times); the
@@ -166,22 +169,28 @@ def soak(bench: Bench, minutes: float, retention_minutes: float, step_seconds: f
          ) -> dict[str, Any]:
     period = dedup_period_seconds(retention_minutes * 60)
     asyncio.run(bench.prepare_db())
+    asyncio.run(bench.seed_cards())
     asyncio.run(_set_period(bench.dsn, period))
     topic, group = _topic(bench, "soak"), f"bench-soak-{bench.run}"
+
+    def on_cards(n: int, tag: str) -> list[tuple[str, bytes]]:
+        """Purchases each on its account's card with the two limits (``seed_cards``)."""
+        return bench.messages(n, tag=tag, cards="BK-")
+
     worker = bench.worker(topic, group, "soak", settings={
         "PAYAUTH_DEDUP_RETENTION_HOURS": str(retention_minutes / 60),
         "PAYAUTH_PURGE_INTERVAL_SECONDS": str(PURGE_INTERVAL_SECONDS),
         "PAYAUTH_DEDUP_TTL_SECONDS": str(int(retention_minutes * 60)),
     })
     try:
-        bench.produce(topic, bench.messages(BACKLOG, tag="D"))
+        bench.produce(topic, on_cards(BACKLOG, "D"))
         drain = bench.throughput(worker, group, topic, BACKLOG)
         rate = drain / 2
         log(f"drain rate {drain:,.0f} auth/s; the soak at {rate:,.0f} auth/s for "
             f"{minutes:.0f} min, a window of {retention_minutes:g} min, periods of {period} s")
         assert worker.proc is not None
         load = paced.PacedLoad(bench.bootstrap, topic, topic + ".out", PARTITIONS,
-                               bench.records, name=f"soak-{bench.run}",
+                               on_cards, name=f"soak-{bench.run}",
                                under_test=worker.proc.pid)
         samples: list[Sample] = []
         started = time.monotonic()
