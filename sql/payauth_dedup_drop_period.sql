@@ -2,10 +2,11 @@
 -- period is past the retention window (p_retention_hours) and that keeps no record within
 -- it (an administrator may have set one's processed_at later), with the spending limits'
 -- charges counted in that period (what a reversal would give back; what they counted is
--- kept, payauth_limit_charges_purged) but those kept under a hold that still stands: a reversal gives back what it releases of a hold whatever the
--- hold's age, so those go with the period under way instead, to be looked at again when
--- that one is dropped (a hold ends within PAYAUTH_HOLD_EXPIRY_HOURS: a few periods at
--- most). A purchase's, and an ended hold's, go: a reversal after the window finds no
+-- kept, payauth_limit_charges_purged) but those kept under a hold that still stands: a
+-- reversal gives back what it releases of a hold whatever the hold's age, so those go with
+-- the period under way instead, to be looked at again when that one is dropped (a hold
+-- ends within PAYAUTH_HOLD_EXPIRY_HOURS: a few periods at most). A purchase's, and an
+-- ended hold's, go: a reversal after the window finds no
 -- record of its purchase, and an ended hold releases nothing. One period a call, each in
 -- its own transaction (`payauth purge` calls it until it answers nothing); returns the
 -- partition detached and how many records went with it (PostgreSQL's estimate for a

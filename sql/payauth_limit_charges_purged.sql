@@ -3,7 +3,8 @@
 -- payauth_dedup_drop_period with a period, service/adapters/retention.py with the records
 -- no period takes whole): what they counted is kept, summed per limit and period, in
 -- purged_limit_charges, so that a usage stays what its charges count plus what was purged
--- of them (`payauth verify` holds every period to it, exactly). Only rows are added: no
+-- of them (`payauth verify` holds every period to it, exactly); a charge deleted by hand is
+-- kept so too, as taken away from the charges, not from the usage. Only rows are added: no
 -- usage row is locked, which every batch counting in that limit writes. (As the function's
 -- owner: the worker's role purges without writing that table itself.)
 CREATE OR REPLACE FUNCTION payauth_limit_charges_purged() RETURNS trigger
