@@ -11,8 +11,6 @@ import subprocess
 import uuid
 from pathlib import Path
 
-import asyncpg
-
 from tests.support import stack
 from tests.support.containers import (
     IMAGE,
@@ -93,18 +91,8 @@ def test_the_worker_refuses_a_bad_setting_in_one_line(engine: Engine) -> None:
     assert "PAYAUTH_METRICS_PORT" in done.stdout + done.stderr
 
 
-async def _empty_database() -> str:
-    name = f"payauth_c_{uuid.uuid4().hex[:10]}"
-    conn = await asyncpg.connect(stack.PG_ADMIN_DSN)
-    try:
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
-    return name
-
-
 def test_two_containers_migrate_one_database_at_once(engine: Engine) -> None:
-    name = asyncio.run(_empty_database())
+    name = asyncio.run(stack.create_database(template=None, prefix="payauth_c_"))
     try:
         world = stack.Env(database=name, input_topic="-", output_topic="-", dlq_topic="-",
                           group_id="-", partitions=1)

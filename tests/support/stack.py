@@ -104,11 +104,15 @@ async def drop_template() -> None:
     await drop_database(TEMPLATE_DB)
 
 
-async def create_database() -> str:
-    name = f"payauth_t_{uuid.uuid4().hex[:10]}"
+async def create_database(template: str | None = TEMPLATE_DB, prefix: str = "payauth_t_"
+                          ) -> str:
+    """A new database named ``prefix…``: a clone of ``template`` (the migrated one), or
+    empty (None); its name."""
+    name = f"{prefix}{uuid.uuid4().hex[:10]}"
+    cloned = f' TEMPLATE "{template}"' if template else ""
     conn = await asyncpg.connect(ENDPOINTS.pg_admin_dsn)
     try:
-        await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{TEMPLATE_DB}"')
+        await conn.execute(f'CREATE DATABASE "{name}"{cloned}')
     finally:
         await conn.close()
     return name
@@ -125,12 +129,7 @@ async def database_before(migration: str, tmp_path: Path) -> tuple[str, str]:
     for path in sorted(MIGRATIONS_DIR.glob("*.sql")):
         if path.name < migration:
             (older / path.name).write_text(path.read_text())
-    name = f"payauth_t_{uuid.uuid4().hex[:10]}"
-    conn = await asyncpg.connect(ENDPOINTS.pg_admin_dsn)
-    try:
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
+    name = await create_database(template=None)
     await migrate(dsn_for(name), older, no_definitions)
     return name, dsn_for(name)
 
