@@ -213,24 +213,27 @@ CONTROLS_CHECKS = (
     # charges and what was purged of them, a usage that is missing counting nothing.)
     Check(
         "each spending limit's usage is what its charges count",
-        """SELECT k.limit_id || ' ' || k.period_start || ': usage ' || coalesce(u.amount, 0)
-                  || ' / ' || coalesce(u.count, 0) || ', charges ' || coalesce(c.amount, 0)
-                  || ' / ' || coalesce(c.count, 0) || ', purged ' || coalesce(p.amount, 0)
-                  || ' / ' || coalesce(p.count, 0)
-             FROM (SELECT limit_id, period_start FROM limit_usage
-                   UNION SELECT limit_id, period_start FROM limit_charges
-                   UNION SELECT limit_id, period_start FROM purged_limit_charges) k
-             LEFT JOIN limit_usage u USING (limit_id, period_start)
-             LEFT JOIN (SELECT limit_id, period_start, sum(amount) AS amount,
-                               sum(count) AS count
-                          FROM limit_charges GROUP BY limit_id, period_start) c
+        """SELECT coalesce(u.limit_id, c.limit_id) || ' ' || coalesce(u.period_start,
+                  c.period_start) || ': usage ' || coalesce(u.amount, 0) || ' / '
+                  || coalesce(u.count, 0) || ', charges ' || coalesce(c.amount, 0) || ' / '
+                  || coalesce(c.count, 0) || ', purged ' || coalesce(c.purged_amount, 0)
+                  || ' / ' || coalesce(c.purged_count, 0)
+             FROM limit_usage u
+             FULL JOIN (SELECT limit_id, period_start,
+                               sum(amount) FILTER (WHERE NOT purged) AS amount,
+                               sum(count) FILTER (WHERE NOT purged) AS count,
+                               sum(amount) FILTER (WHERE purged) AS purged_amount,
+                               sum(count) FILTER (WHERE purged) AS purged_count
+                          FROM (SELECT limit_id, period_start, amount, count, false AS purged
+                                  FROM limit_charges
+                                UNION ALL
+                                SELECT limit_id, period_start, amount, count, true
+                                  FROM purged_limit_charges) x
+                         GROUP BY limit_id, period_start) c
                     USING (limit_id, period_start)
-             LEFT JOIN (SELECT limit_id, period_start, sum(amount) AS amount,
-                               sum(count) AS count
-                          FROM purged_limit_charges GROUP BY limit_id, period_start) p
-                    USING (limit_id, period_start)
-            WHERE coalesce(u.amount, 0) <> coalesce(c.amount, 0) + coalesce(p.amount, 0)
-               OR coalesce(u.count, 0) <> coalesce(c.count, 0) + coalesce(p.count, 0)""",
+            WHERE coalesce(u.amount, 0)
+                      <> coalesce(c.amount, 0) + coalesce(c.purged_amount, 0)
+               OR coalesce(u.count, 0) <> coalesce(c.count, 0) + coalesce(c.purged_count, 0)""",
     ),
     Check(
         "a limit counts an approved message, never more than was approved",
