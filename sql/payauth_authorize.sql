@@ -347,9 +347,11 @@ BEGIN
         route := 'split';
     WHEN unique_violation OR SQLSTATE 'PA409' THEN  -- (the loop's: a write found its key)
         GET STACKED DIAGNOSTICS violated = TABLE_NAME, failure = RETURNED_SQLSTATE;
+        -- (A partitioned table's violation names the partition.)
         IF failure <> 'PA409' AND violated NOT IN ('ledger_entries', 'holds',
-                                                   'lifecycle_messages', 'limit_charges')
-           AND violated NOT LIKE 'processed\_transactions%' THEN
+                                                   'lifecycle_messages')
+           AND violated NOT LIKE 'processed\_transactions%'
+           AND violated NOT LIKE 'limit\_charges%' THEN
             RAISE;
         END IF;
         -- The INSERT that found a key taken waited until the transaction that wrote it

@@ -1,21 +1,12 @@
 -- payauth_dedup_drop_period: detach the oldest partition of the dedup store whose whole
 -- period is past the retention window (p_retention_hours) and that keeps no record within
--- it (an administrator may have set one's processed_at later), with the spending limits'
--- charges counted in that period (what a reversal would give back; what they counted is
--- kept, payauth_limit_charges_purged) but those kept under a hold that still stands: a
--- reversal gives back what it releases of a hold whatever the hold's age, so those go with
--- the period under way instead, to be looked at again when that one is dropped (a hold
--- ends within PAYAUTH_HOLD_EXPIRY_HOURS: a few periods at most). A purchase's, and an
--- ended hold's, go: a reversal after the window finds no
--- record of its purchase, and an ended hold releases nothing. One period a call, each in
+-- it (an administrator may have set one's processed_at later). One period a call, each in
 -- its own transaction (`payauth purge` calls it until it answers nothing); returns the
 -- partition detached and how many records went with it (PostgreSQL's estimate for a
 -- partition analyzed), or no row. The detached partition is renamed NAME_purged, out of the
--- store, and payauth_dedup_drop_purged drops it in a transaction of its own.
---
--- The charges are found by their period (a BRIN index), never by a join with the
--- partition's records, which would read them all; only charges counted before charges had
--- a period (migration 022) are found through the records they are kept under.
+-- store, and payauth_dedup_drop_purged drops it in a transaction of its own. The spending
+-- limits' charges counted in the periods gone are detached after them, in a transaction of
+-- their own (payauth_limit_charges_drop_periods): a claim never waits for both tables.
 --
 -- Never the period under way, the ones ahead or the default partition. Detaching a
 -- partition takes ACCESS EXCLUSIVE on the table, on that partition and on the default
@@ -33,8 +24,6 @@ AS $$
 DECLARE
     cutoff timestamptz := payauth_dedup_clock() - p_retention_hours * interval '1 hour';
     victim text;
-    lower_ timestamptz;
-    upper_ timestamptz;
     kept   boolean;
     n      bigint;
 BEGIN
@@ -42,15 +31,9 @@ BEGIN
         RAISE EXCEPTION 'payauth_dedup_drop_period: the window must be above 0 hours, not %',
                         p_retention_hours;
     END IF;
-    FOR victim, lower_, upper_ IN
-        SELECT b.name, b.lower, b.upper
-          FROM (SELECT c.relname::text AS name,
-                       substring(pg_get_expr(c.relpartbound, c.oid)
-                                 FROM 'FROM \(''([^'']+)''\)')::timestamptz AS lower,
-                       substring(pg_get_expr(c.relpartbound, c.oid)
-                                 FROM 'TO \(''([^'']+)''\)')::timestamptz AS upper
-                  FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-                 WHERE i.inhparent = 'processed_transactions'::regclass) b
+    FOR victim IN
+        SELECT b.name
+          FROM payauth_partitions('processed_transactions') b
          WHERE b.upper IS NOT NULL  -- (the default partition has no bound)
            AND b.upper <= cutoff
          ORDER BY b.upper
@@ -60,7 +43,7 @@ BEGIN
         -- with), before anything else is locked: waiting for a vacuum of either (an
         -- autovacuum is cancelled by PostgreSQL after deadlock_timeout, 1 s by default; a
         -- manual or anti-wraparound one is not, and the period is left to the next purge)
-        -- makes no claim wait, neither for the store nor for a charge of that period.
+        -- makes no claim wait for the store.
         PERFORM set_config('lock_timeout', '3s', true);
         EXECUTE format('LOCK TABLE %I IN SHARE UPDATE EXCLUSIVE MODE', victim);
         LOCK TABLE processed_transactions_default IN SHARE UPDATE EXCLUSIVE MODE;
@@ -75,28 +58,12 @@ BEGIN
         IF n IS NULL THEN
             EXECUTE format('SELECT count(*) FROM %I', victim) INTO n;
         END IF;
-        UPDATE limit_charges c SET dedup_period = payauth_dedup_period(payauth_dedup_clock())
-         WHERE c.dedup_period >= lower_ AND c.dedup_period < upper_
-           AND EXISTS (SELECT 1 FROM holds h WHERE h.txn_id = c.txn_id AND h.state = 'ACTIVE');
-        DELETE FROM limit_charges c
-         WHERE c.dedup_period >= lower_ AND c.dedup_period < upper_;
-        -- (The charges of before periods apart: one condition with both reads every
-        -- charge instead of the period's by its index.)
-        IF EXISTS (SELECT 1 FROM limit_charges c WHERE c.dedup_period IS NULL) THEN
-            UPDATE limit_charges c
-               SET dedup_period = payauth_dedup_period(payauth_dedup_clock())
-             WHERE c.dedup_period IS NULL
-               AND EXISTS (SELECT 1 FROM holds h
-                            WHERE h.txn_id = c.txn_id AND h.state = 'ACTIVE');
-            EXECUTE format('DELETE FROM limit_charges c USING %I p '
-                           'WHERE c.dedup_period IS NULL AND c.txn_id = p.txn_id', victim);
-        END IF;
         -- Then the store ONLY: the other periods' partitions are not locked (today's,
         -- which autovacuum works through most often, is vacuumed while claims go on).
         LOCK TABLE ONLY processed_transactions IN ACCESS EXCLUSIVE MODE;
         EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I WHERE processed_at >= $1)', victim)
            INTO kept USING cutoff;
-        IF kept THEN  -- (set within the window meanwhile: the charges are kept too)
+        IF kept THEN  -- (set within the window meanwhile)
             RAISE EXCEPTION 'payauth_dedup_drop_period: % gained a record within the window',
                             victim USING ERRCODE = '40001';
         END IF;

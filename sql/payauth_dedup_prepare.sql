@@ -1,12 +1,13 @@
--- payauth_dedup_prepare: make the dedup store's partitions of the period under way and of the
--- periods after it, where missing, before any claim needs them: p_ahead periods, and at least
+-- payauth_dedup_prepare: make the partitions of the period under way and of the periods
+-- after it, the dedup store's and the spending limits' charges' (limit_charges, partitioned
+-- by the same periods), where missing, before any claim needs them: p_ahead periods, and at least
 -- ten minutes' (a lookup reads every partition, those ahead too: short periods make few more
 -- of them than they need) (called by `payauth migrate`, by every worker as it starts and
 -- then every quarter of a period, at most hourly, and by every purge). A record that went to
 -- the default partition for want of its period's partition (none was made in time) is moved
--- into it as it is made. Returns the partitions it made.
+-- into it as it is made, and a charge likewise. Returns the partitions it made.
 --
--- Security definer: the worker's role makes them without owning the table. A partition is
+-- Security definer: the worker's role makes them without owning the tables. A partition is
 -- made beside the table and attached (SHARE UPDATE EXCLUSIVE on the table: claims go on
 -- meanwhile), one maker at a time. A period's partition made once its claims may already go
 -- to the default partition (the period under way, or one with records there) is made under
@@ -25,7 +26,11 @@ DECLARE
     length interval := (SELECT make_interval(secs => period_seconds) FROM dedup_store);
     start  timestamptz := payauth_dedup_period(payauth_dedup_clock());
     ahead  integer;
+    tbl    text;
+    lo     timestamptz;
+    hi     timestamptz;
     part   text;
+    kept   boolean;
 BEGIN
     IF p_ahead IS NULL OR p_ahead < 0 THEN
         RAISE EXCEPTION 'payauth_dedup_prepare: p_ahead must be 0 or more, not %', p_ahead;
@@ -33,34 +38,47 @@ BEGIN
     ahead := greatest(p_ahead, ceil(600 / extract(epoch FROM length))::integer);
     PERFORM pg_advisory_xact_lock(1885436260::bigint << 32);  -- one maker at a time
     FOR k IN 0..ahead LOOP
-        part := 'processed_transactions_'
-                || to_char((start + k * length) AT TIME ZONE 'UTC', 'yyyymmdd"_"hh24miss');
-        CONTINUE WHEN to_regclass(part) IS NOT NULL;
-        -- (Before the table, as a purge's detach does: the same order, no deadlock; an
-        -- autovacuum of it is cancelled by PostgreSQL after deadlock_timeout.)
-        PERFORM set_config('lock_timeout', '3s', true);
-        LOCK TABLE processed_transactions_default IN SHARE UPDATE EXCLUSIVE MODE;
-        PERFORM set_config('lock_timeout', '1s', true);
-        EXECUTE format('CREATE TABLE %I (LIKE processed_transactions '
-                       'INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING STORAGE)', part);
-        IF k = 0 OR EXISTS (SELECT 1 FROM processed_transactions_default d
-                             WHERE d.dedup_period >= start + k * length
-                               AND d.dedup_period < start + (k + 1) * length) THEN
-            -- (ONLY: the other periods' partitions are not locked; a vacuum of today's,
-            -- which autovacuum works through most often, goes on meanwhile.)
-            LOCK TABLE ONLY processed_transactions IN ACCESS EXCLUSIVE MODE;
-        END IF;
-        EXECUTE format('WITH moved AS (DELETE FROM processed_transactions_default '
-                       '               WHERE dedup_period >= %L AND dedup_period < %L '
-                       '               RETURNING *) '
-                       'INSERT INTO %I SELECT * FROM moved',
-                       start + k * length, start + (k + 1) * length, part);
-        EXECUTE format('ALTER TABLE processed_transactions ATTACH PARTITION %I '
-                       'FOR VALUES FROM (%L) TO (%L)',
-                       part, start + k * length, start + (k + 1) * length);
-        -- (The worker's gauge counts a partition never analyzed on its own.)
-        EXECUTE format('GRANT SELECT ON %I TO payauth_worker', part);
-        RETURN NEXT part;
+        lo := start + k * length;
+        hi := start + (k + 1) * length;
+        -- (The store first, then the charges: the order the purge locks them in.)
+        FOREACH tbl IN ARRAY ARRAY['processed_transactions', 'limit_charges'] LOOP
+            part := tbl || '_' || to_char(lo AT TIME ZONE 'UTC', 'yyyymmdd"_"hh24miss');
+            -- (Nor where a partition covers part of the period: the charges' of before
+            -- their periods, migration 032, covers the period its upgrade ran in.)
+            CONTINUE WHEN EXISTS (SELECT 1 FROM payauth_partitions(tbl::regclass) b
+                                   WHERE b.upper > lo AND (b.lower IS NULL OR b.lower < hi));
+            -- (Before the table, as a purge's detach does: the same order, no deadlock;
+            -- an autovacuum of it is cancelled by PostgreSQL after deadlock_timeout.)
+            PERFORM set_config('lock_timeout', '3s', true);
+            EXECUTE format('LOCK TABLE %I IN SHARE UPDATE EXCLUSIVE MODE', tbl || '_default');
+            PERFORM set_config('lock_timeout', '1s', true);
+            EXECUTE format('CREATE TABLE %I (LIKE %I INCLUDING DEFAULTS INCLUDING CONSTRAINTS '
+                           'INCLUDING STORAGE)', part, tbl);
+            IF k = 0 THEN
+                kept := true;
+            ELSE
+                EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I WHERE dedup_period >= $1 '
+                               '                           AND dedup_period < $2)',
+                               tbl || '_default') INTO kept USING lo, hi;
+            END IF;
+            IF kept THEN
+                -- (ONLY: the other periods' partitions are not locked; a vacuum of
+                -- today's, which autovacuum works through most often, goes on meanwhile.)
+                EXECUTE format('LOCK TABLE ONLY %I IN ACCESS EXCLUSIVE MODE', tbl);
+            END IF;
+            EXECUTE format('WITH moved AS (DELETE FROM %I '
+                           '               WHERE dedup_period >= %L AND dedup_period < %L '
+                           '               RETURNING *) '
+                           'INSERT INTO %I SELECT * FROM moved',
+                           tbl || '_default', lo, hi, part);
+            EXECUTE format('ALTER TABLE %I ATTACH PARTITION %I FOR VALUES FROM (%L) TO (%L)',
+                           tbl, part, lo, hi);
+            IF tbl = 'processed_transactions' THEN
+                -- (The worker's gauge counts a partition never analyzed on its own.)
+                EXECUTE format('GRANT SELECT ON %I TO payauth_worker', part);
+            END IF;
+            RETURN NEXT part;
+        END LOOP;
     END LOOP;
 END
 $$;

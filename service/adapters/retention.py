@@ -2,14 +2,15 @@
 unless it was made with another length, ``payauth_dedup_set_period``): a period past the
 window goes whole, its partition detached (``payauth_dedup_drop_period``: no row deleted,
 no vacuum, no bloat; the store locked for a moment) then dropped outside the store
-(``payauth_dedup_drop_purged``: the file system frees it while claims go on), with the
-spending limits' charges counted in that period. Only what no period holds whole is
-deleted row by row, in bounded batches, each its own short transaction: records an
-administrator set before their own period, and the default partition's. The partitions of
-the periods ahead are made first (``payauth_dedup_prepare``). The ledger is never purged:
-its unique txn_id stays the last guard against a second debit. Run by ``payauth purge``
-(``service/ops/purge.py``) and by the worker now and then
-(``PAYAUTH_PURGE_INTERVAL_SECONDS``)."""
+(``payauth_dedup_drop_purged``: the file system frees it while claims go on); the spending
+limits' charges counted in the periods gone likewise, their partitions detached in a
+transaction of their own (``payauth_limit_charges_drop_periods``) and summed as they are
+dropped. Only what no period holds whole is deleted row by row, in bounded batches, each
+its own short transaction: records an administrator set before their own period, and the
+default partition's. The partitions of the periods ahead are made first
+(``payauth_dedup_prepare``). The ledger is never purged: its unique txn_id stays the last
+guard against a second debit. Run by ``payauth purge`` (``service/ops/purge.py``) and by
+the worker now and then (``PAYAUTH_PURGE_INTERVAL_SECONDS``)."""
 
 from __future__ import annotations
 
@@ -40,9 +41,9 @@ DELETE FROM {table}
 # The spending limits' charges kept under a purge's batch of records (``batch``: what a
 # reversal of that purchase or hold would give back) go with them, but a standing hold's:
 # a reversal gives back what it releases of a hold whatever the hold's age, so those go
-# with the period under way instead (as payauth_dedup_drop_period keeps them). What the
-# charges that go counted is kept (a trigger: sql/payauth_limit_charges_purged.sql). (A
-# data-modifying WITH runs whether or not it is read.)
+# with the period under way instead (as payauth_limit_charges_drop_periods keeps them).
+# What the charges that go counted is kept (a trigger: sql/payauth_limit_charges_purged.sql).
+# (A data-modifying WITH runs whether or not it is read.)
 _BATCH_CHARGES = """kept AS (
     UPDATE limit_charges c SET dedup_period = payauth_dedup_period(payauth_dedup_clock())
       FROM batch b
@@ -172,6 +173,8 @@ async def purge(
             log.warning("dedup_periods_deferred", error=str(error))  # made by the next one
         times.files_freed_seconds += await _drop_purged(conn)
         dropped = await _drop_expired_periods(conn, retention_hours, times)
+        await _drop_charges_of_periods_gone(conn)
+        times.files_freed_seconds += await _drop_purged(conn)
         total = dropped + await delete_expired(_DELETE_SET_BACK, "processed_transactions",
                                                pause_seconds)
         total += await delete_expired(_DELETE_DEFAULT, "processed_transactions_default",
@@ -230,9 +233,31 @@ async def _drop_expired_periods(conn: asyncpg.Connection, retention_hours: float
         log.info("purge_period_dropped", partition=row["part"], records=row["records"])
 
 
+async def _drop_charges_of_periods_gone(conn: asyncpg.Connection, attempts: int = 5) -> None:
+    """Detach the spending limits' charges of the periods the store no longer holds, in a
+    transaction of its own (never with a store's period: a batch locks both tables, in
+    either order). One that could not go on (its lock_timeout waited out, or chosen to end
+    a deadlock) is tried again a second later, ``attempts`` times in all, then left to the
+    next purge."""
+    for attempt in range(1, attempts + 1):
+        try:
+            detached = [r[0] for r in await conn.fetch(
+                "SELECT * FROM payauth_limit_charges_drop_periods()")]
+        except (asyncpg.LockNotAvailableError, asyncpg.DeadlockDetectedError) as error:
+            if attempt < attempts:
+                await asyncio.sleep(1.0)
+                continue
+            log.warning("purge_charges_deferred", attempts=attempts,
+                        reason="the detach could not go on", last_error=str(error))
+            return
+        if detached:
+            log.info("purge_charges_detached", partitions=detached)
+        return
+
+
 async def _drop_purged(conn: asyncpg.Connection) -> float:
-    """Drop what the store's purge detached (also what a purge stopped before dropping);
-    return the seconds it took."""
+    """Drop what the purge detached (also what a purge stopped before dropping), the
+    charges' summed first into purged_limit_charges; return the seconds it took."""
     started = time.perf_counter()
     for row in await conn.fetch("SELECT * FROM payauth_dedup_drop_purged()"):
         log.info("purge_files_freed", table=row[0])

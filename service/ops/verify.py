@@ -209,8 +209,9 @@ LIFECYCLE_CHECKS = (
 # Card controls (docs/operations.md, "Card controls and spending limits").
 CONTROLS_CHECKS = (
     # (The purge takes the charges away with their dedup records, but a standing hold's;
-    # what they counted is kept in purged_limit_charges: every period's usage is its
-    # charges and what was purged of them, a usage that is missing counting nothing.)
+    # what they counted is kept in purged_limit_charges, or is still in a partition it
+    # detached and has not summed yet: every period's usage is its charges and what was
+    # purged of them, a usage that is missing counting nothing.)
     Check(
         "each spending limit's usage is what its charges count",
         """SELECT coalesce(u.limit_id, c.limit_id) || ' ' || coalesce(u.period_start,
@@ -228,7 +229,10 @@ CONTROLS_CHECKS = (
                                   FROM limit_charges
                                 UNION ALL
                                 SELECT limit_id, period_start, amount, count, true
-                                  FROM purged_limit_charges) x
+                                  FROM purged_limit_charges
+                                UNION ALL
+                                SELECT limit_id, period_start, amount, count, true
+                                  FROM payauth_limit_charges_detached()) x
                          GROUP BY limit_id, period_start) c
                     USING (limit_id, period_start)
             WHERE coalesce(u.amount, 0)
@@ -345,21 +349,41 @@ class Finding:
     count: int
 
 
+# Every check reads one snapshot, taken once the charges are locked against a purge's
+# detach (a partition detached after the snapshot would drop out of what it reads of
+# them: the catalog is read as it is now). A detached table of charges summed and dropped
+# after the snapshot was taken cannot be read (payauth_limit_charges_detached): the checks
+# are run again on a new snapshot, this many times in all.
+_ATTEMPTS = 3
+
+
 async def verify(dsn: str, *, examples: int = 5) -> list[tuple[str, Finding | None]]:
     conn = await asyncpg.connect(dsn)
     try:
-        out: list[tuple[str, Finding | None]] = []
-        async with conn.transaction(isolation="repeatable_read", readonly=True):
-            for check in CHECKS:
-                rows = await conn.fetch(check.sql)
-                finding = (
-                    Finding(check.name, [str(r[0]) for r in rows[:examples]], len(rows))
-                    if rows else None
-                )
-                out.append((check.name, finding))
-        return out
+        for attempt in range(1, _ATTEMPTS + 1):
+            try:
+                return await _run_checks(conn, examples)
+            except asyncpg.UndefinedTableError:
+                if attempt == _ATTEMPTS:
+                    raise
+        raise AssertionError("unreachable")
     finally:
         await conn.close()
+
+
+async def _run_checks(conn: asyncpg.Connection,
+                      examples: int) -> list[tuple[str, Finding | None]]:
+    out: list[tuple[str, Finding | None]] = []
+    async with conn.transaction(isolation="repeatable_read", readonly=True):
+        await conn.execute("LOCK TABLE limit_charges IN ACCESS SHARE MODE")
+        for check in CHECKS:
+            rows = await conn.fetch(check.sql)
+            finding = (
+                Finding(check.name, [str(r[0]) for r in rows[:examples]], len(rows))
+                if rows else None
+            )
+            out.append((check.name, finding))
+    return out
 
 
 def report(results: list[tuple[str, Finding | None]]) -> tuple[str, bool]:

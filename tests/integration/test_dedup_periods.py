@@ -24,6 +24,7 @@ from service.adapters.postgres import PostgresStore
 from service.core.ports import TransientError
 from service.domain.messages import Authorization, decode_authorization
 from service.ops.migrate import migrate
+from service.ops.verify import report, verify
 from tests.support import stack
 from tests.support.factory import auth_message, authorization, encode
 from tests.support.held_open import HeldOpenStore, command_while_a_batch_decides
@@ -75,8 +76,8 @@ def _day(offset: int) -> datetime:
     return _at(offset, 0, 0, 0)
 
 
-def _part(start: datetime) -> str:
-    return f"processed_transactions_{start:%Y%m%d_%H%M%S}"
+def _part(start: datetime, table: str = "processed_transactions") -> str:
+    return f"{table}_{start:%Y%m%d_%H%M%S}"
 
 
 def _records(dsn: str, txn: str) -> list[Any]:
@@ -308,11 +309,10 @@ def test_the_purge_drops_whole_periods_and_deletes_only_what_was_set_back(
         env: stack.Env) -> None:
     """Days -5 and -4 hold two records each, day -1 one, today two (one of them set back
     100 days by an administrator, still a duplicate until the purge). With a 72 h window
-    the purge drops days -5 and -4 whole (their partitions gone, with the limits' charges
-    counted in them), deletes the set-back record, and keeps the rest. A charge kept under
-    a record of day -5 but counted today (an increment of its hold) stays; charges counted
-    before charges had a period go with the record they are kept under. What the charges
-    that went counted is kept (purged_limit_charges)."""
+    the purge drops days -5 and -4 whole (their partitions gone, and the partitions of the
+    limits' charges counted in them), deletes the set-back record, and keeps the rest. A
+    charge kept under a record of day -5 but counted today (an increment of its hold)
+    stays. What the charges that went counted is kept (purged_limit_charges)."""
     _stop_the_clock(env.dsn)
     placed: dict[int, list[str]] = {}
     for day in (-5, -4, -1, 0):
@@ -326,10 +326,10 @@ def test_the_purge_drops_whole_periods_and_deletes_only_what_was_set_back(
         stack.fetch(env.dsn, "UPDATE processed_transactions SET processed_at = $1 "
                              "WHERE txn_id = ANY($2)", _at(day, 10, 0, 0), placed[day])
     _set_clock(env.dsn, None)
-    # Each charge: (kept under, counted in the period of whose record, or None: before
-    # charges had a period).
+    # Each charge: (kept under, counted in the period of whose record).
     charges = [(placed[-5][0], placed[-5][0]), (placed[0][0], placed[0][0]),
-               (placed[-5][1], placed[0][0]), (placed[-4][0], None), (placed[-1][0], None)]
+               (placed[-5][1], placed[0][0]), (placed[-4][0], placed[-4][0]),
+               (placed[-1][0], placed[-1][0])]
     stack.fetch(env.dsn, "INSERT INTO limit_charges (txn_id, charged_by, limit_id, "
                          "period_start, amount, count, dedup_period) "
                          "SELECT c.under, c.under, 'L', current_date, 1, 1, "
@@ -354,8 +354,9 @@ def test_the_purge_drops_whole_periods_and_deletes_only_what_was_set_back(
                                              "SELECT txn_id FROM processed_transactions")}
     assert left == {*placed[-1], placed[0][0]}
     for day in (-5, -4):
-        assert stack.fetch(env.dsn, "SELECT to_regclass($1) AS r",
-                           _part(_day(day)))[0]["r"] is None
+        for table in ("processed_transactions", "limit_charges"):
+            assert stack.fetch(env.dsn, "SELECT to_regclass($1) AS r",
+                               _part(_day(day), table))[0]["r"] is None
     assert sorted(r["txn_id"] for r in stack.fetch(env.dsn, "SELECT txn_id FROM limit_charges")) \
         == sorted([placed[0][0], placed[-5][1], placed[-1][0]])
     [purged] = stack.fetch(env.dsn, "SELECT sum(amount) AS amount, sum(count) AS count "
@@ -517,7 +518,7 @@ def test_a_drop_waiting_for_a_vacuum_of_its_period_makes_no_claim_wait(
     the drop waits for it holding nothing a claim needs, neither the store nor the limits'
     charges counted in that period (a reversal's give-back locks its original's), so a
     claim decided and a charge locked meanwhile go on before the drop does, and the drop
-    goes on once the vacuum is over, with the charge."""
+    goes on once the vacuum is over; the charge goes after it."""
     old = _decided_five_days_ago(env.dsn)
     stack.fetch(env.dsn, "INSERT INTO limit_charges (txn_id, charged_by, limit_id, "
                          "period_start, amount, count, dedup_period) "
@@ -553,16 +554,18 @@ def test_a_drop_waiting_for_a_vacuum_of_its_period_makes_no_claim_wait(
     dropped, claim_first = asyncio.run(drop_behind_a_vacuum())
     assert claim_first
     assert [(r["part"], r["records"]) for r in dropped] == [(_part(_day(-5)), 1)]
+    stack.fetch(env.dsn, "SELECT * FROM payauth_limit_charges_drop_periods()")
     assert not stack.fetch(env.dsn, "SELECT 1 FROM limit_charges WHERE txn_id = $1",
                            old.transaction_id)
 
 
 def test_a_charge_given_back_while_its_period_is_dropped_stays_with_its_standing_hold(
         env: stack.Env) -> None:
-    """The drop reads whether a charge's hold stands without locking the hold: a reversal
-    that gives part of the charge back (its row locked, the hold left active) while the
-    drop waits for that row is committed first, and the drop then keeps the charge, as the
-    reversal left it, with today's period (seen failing with the charge deleted)."""
+    """The charges' drop reads whether a charge's hold stands without locking the hold: a
+    reversal that gives part of the charge back (its row locked, the hold left active)
+    while the drop waits for that row is committed first, and the drop then keeps the
+    charge, as the reversal left it, with today's period (seen failing with the charge
+    deleted)."""
     _decided_five_days_ago(env.dsn)
     hold = f"HOLD-{uuid.uuid4().hex[:6]}"
     stack.fetch(env.dsn, "INSERT INTO holds (txn_id, account_id, currency, kind, amount, "
@@ -572,6 +575,9 @@ def test_a_charge_given_back_while_its_period_is_dropped_stays_with_its_standing
     stack.fetch(env.dsn, "INSERT INTO limit_charges (txn_id, charged_by, limit_id, "
                          "period_start, amount, count, dedup_period) "
                          "VALUES ($1, $1, 'L', current_date, 50, 1, $2)", hold, _day(-5))
+
+    [store_dropped] = stack.fetch(env.dsn, "SELECT * FROM payauth_dedup_drop_period(72)")
+    assert store_dropped["part"] == _part(_day(-5))
 
     async def drop_beside_a_reversal() -> list[Any]:
         conn = await asyncpg.connect(env.dsn)
@@ -585,7 +591,7 @@ def test_a_charge_given_back_while_its_period_is_dropped_stays_with_its_standing
                 await reversal.execute("UPDATE holds SET remaining = 30 WHERE txn_id = $1",
                                        hold)
                 drop = asyncio.create_task(
-                    conn.fetch("SELECT * FROM payauth_dedup_drop_period(72)"))
+                    conn.fetch("SELECT * FROM payauth_limit_charges_drop_periods()"))
                 await stack.until_a_lock_is_awaited(env.dsn)  # the drop, behind the charge
             return await drop
         finally:
@@ -593,10 +599,34 @@ def test_a_charge_given_back_while_its_period_is_dropped_stays_with_its_standing
             await conn.close()
 
     dropped = asyncio.run(drop_beside_a_reversal())
-    assert [r["part"] for r in dropped] == [_part(_day(-5))]
+    assert [r[0] for r in dropped] == [_part(_day(-5), "limit_charges")]
     assert [(r["amount"], r["dedup_period"]) for r in stack.fetch(
         env.dsn, "SELECT amount, dedup_period FROM limit_charges WHERE txn_id = $1", hold)] \
         == [(30, _day(0))]
+
+
+def test_verify_counts_the_charges_detached_until_they_are_summed(env: stack.Env) -> None:
+    """Charges of day -5 counted in a usage: once their partition is detached, and until
+    it is summed into purged_limit_charges and dropped, verify holds the usage to them
+    where they are (seen failing: usage 3 / 1 in L, charges 0 / 0, purged 0 / 0)."""
+    old = _decided_five_days_ago(env.dsn)
+    stack.fetch(env.dsn, "INSERT INTO limit_charges (txn_id, charged_by, limit_id, "
+                         "period_start, amount, count, dedup_period) "
+                         "VALUES ($1, $1, 'L', current_date, 3, 1, $2), "
+                         "       ($1, $1, 'M', current_date, 4, 1, $2)",
+                old.transaction_id, _day(-5))
+    stack.fetch(env.dsn, "INSERT INTO limit_usage VALUES ('L', current_date, 3, 1), "
+                         "('M', current_date, 4, 1)")
+    assert stack.fetch(env.dsn, "SELECT * FROM payauth_dedup_drop_period(72)")
+    [detached] = stack.fetch(env.dsn, "SELECT * FROM payauth_limit_charges_drop_periods()")
+    assert detached[0] == _part(_day(-5), "limit_charges")
+    assert not stack.fetch(env.dsn, "SELECT 1 FROM limit_charges")
+    assert _USAGE_HELD in report(asyncio.run(verify(env.dsn)))[0].splitlines()
+    stack.fetch(env.dsn, "SELECT * FROM payauth_dedup_drop_purged()")
+    assert [tuple(r) for r in stack.fetch(
+        env.dsn, "SELECT limit_id, amount, count FROM purged_limit_charges "
+                 "ORDER BY limit_id")] == [("L", 3, 1), ("M", 4, 1)]
+    assert _USAGE_HELD in report(asyncio.run(verify(env.dsn)))[0].splitlines()
 
 
 def test_a_record_set_within_the_window_while_its_period_is_dropped_keeps_it(
@@ -705,8 +735,8 @@ def test_a_store_of_minute_periods_purges_whole_minutes_within_a_window_of_minut
     _stop_the_clock(env.dsn)
     _set_clock(env.dsn, _at(1, 10, 0, 30))
     made = [r[0] for r in stack.fetch(env.dsn, "SELECT * FROM payauth_dedup_set_period(60)")]
-    assert made[0] == _part(_at(1, 10, 0, 0)) and len(made) == 11
-    assert made[1] == _part(_at(1, 10, 1, 0))
+    assert made[:3] == [_part(_at(1, 10, 0, 0)), _part(_at(1, 10, 0, 0), "limit_charges"),
+                        _part(_at(1, 10, 1, 0))] and len(made) == 22
     claimed = {}
     for minute in (0, 1, 4):
         _set_clock(env.dsn, _at(1, 10, minute, 30))
@@ -726,7 +756,87 @@ def test_a_store_of_minute_periods_purges_whole_minutes_within_a_window_of_minut
     assert not stack.fetch(env.dsn, "SELECT * FROM payauth_dedup_drop_period(0.05)")
     left = stack.fetch(env.dsn, "SELECT txn_id FROM processed_transactions")
     assert [r["txn_id"] for r in left] == [claimed[4]]
+    detached = stack.fetch(env.dsn, "SELECT * FROM payauth_limit_charges_drop_periods()")
+    assert [r[0] for r in detached] == [_part(_at(1, 10, minute, 0), "limit_charges")
+                                        for minute in (0, 1)]
 
+
+def test_the_periods_keep_their_length_while_a_charge_is_kept(env: stack.Env) -> None:
+    """A store without records but a spending limit's charge (a standing hold's, kept past
+    its record): its partitions, and the charges', keep their length, and the charge."""
+    stack.fetch(env.dsn, "INSERT INTO limit_charges (txn_id, charged_by, limit_id, "
+                         "period_start, amount, count, dedup_period) "
+                         "VALUES ('H', 'H', 'L', current_date, 1, 1, now())")
+    with pytest.raises(asyncpg.RaiseError, match="keep charges"):
+        asyncio.run(_call(env.dsn, "SELECT * FROM payauth_dedup_set_period(60)"))
+    assert stack.fetch(env.dsn, "SELECT txn_id FROM limit_charges")[0]["txn_id"] == "H"
+
+
+
+# (The charges' check of `payauth verify`, passing: the records above are no whole
+# decisions, which other checks would name.)
+_USAGE_HELD = "PASS  each spending limit's usage is what its charges count"
+
+
+def test_the_upgrade_keeps_every_charge_and_drops_them_whole_with_their_periods(
+        live_stack: None, tmp_path: Path) -> None:
+    """Spending limits' charges at migration 031 (one counted in the period under way, one
+    before charges had a period under a record still kept, one under a record gone); then
+    the upgrade: every charge kept, field for field, in the charges' partition of before
+    (the one without a period given its record's, or the earliest time there is), the
+    periods after it partitioned, each usage still its charges. Five days on, once the
+    store has dropped every period that partition covers, it goes whole, what it counted
+    kept as purged."""
+    database, dsn = asyncio.run(stack.database_before("032", tmp_path))
+
+    async def upgrade() -> tuple[list[dict], list[dict], datetime]:
+        conn = await asyncpg.connect(dsn)
+        try:
+            record_period = await conn.fetchval(
+                "INSERT INTO processed_transactions (txn_id, processed_at, result, "
+                "fingerprint, account_id, amount, currency, authorization_type) "
+                "VALUES ('OLD-P', now(), 'APPROVED', 'fp', 'ACC', 5, 'EUR', 'PURCHASE') "
+                "RETURNING dedup_period")
+            await conn.execute(
+                "INSERT INTO limit_charges (txn_id, charged_by, limit_id, period_start, "
+                "amount, count, dedup_period) VALUES "
+                "('OLD-P', 'OLD-P', 'L', current_date, 5, 1, NULL), "
+                "('GONE', 'GONE', 'L', current_date, 3, 1, NULL), "
+                "('NEW', 'NEW', 'L', current_date, 2, 1, $1)", record_period)
+            await conn.execute("INSERT INTO limit_usage VALUES ('L', current_date, 10, 3)")
+            before = [dict(r) for r in await conn.fetch(
+                "SELECT txn_id, charged_by, limit_id, period_start, amount, count "
+                "FROM limit_charges ORDER BY txn_id")]
+            await migrate(dsn)
+            after = [dict(r) for r in await conn.fetch(
+                "SELECT txn_id, charged_by, limit_id, period_start, amount, count, "
+                "       tableoid::regclass::text AS part, "
+                "       nullif(dedup_period, '-infinity') AS period "
+                "FROM limit_charges ORDER BY txn_id")]
+            assert await conn.fetchval("SELECT relkind FROM pg_class "
+                                       "WHERE relname = 'limit_charges'") == b"p"
+        finally:
+            await conn.close()
+        return before, after, record_period
+
+    try:
+        before, after, record_period = asyncio.run(upgrade())
+        assert [r.pop("part") for r in after] == ["limit_charges_before_periods"] * 3
+        assert [r.pop("period") for r in after] == [None, record_period, record_period]
+        assert after == before
+        assert _USAGE_HELD in report(asyncio.run(verify(dsn)))[0].splitlines()
+        assert stack.fetch(dsn, "SELECT to_regclass($1) AS r",
+                           _part(_day(1), "limit_charges"))[0]["r"] is not None
+
+        _stop_the_clock(dsn)
+        _set_clock(dsn, _at(5, 10, 0, 0))
+        assert _purge(dsn) == 1
+        assert not stack.fetch(dsn, "SELECT 1 FROM limit_charges")
+        assert [tuple(r) for r in stack.fetch(
+            dsn, "SELECT sum(amount), sum(count) FROM purged_limit_charges")] == [(10, 3)]
+        assert _USAGE_HELD in report(asyncio.run(verify(dsn)))[0].splitlines()
+    finally:
+        asyncio.run(stack.drop_database(database))
 
 
 _CONTRACT_COLUMNS_ONLY = (
