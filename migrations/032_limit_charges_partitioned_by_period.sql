@@ -10,8 +10,10 @@
 -- partition of every period up to the end of the one under way (or of the latest period a
 -- charge was counted in), and goes whole once the store has dropped them all. Its charges
 -- counted before charges had a period (migration 022) take the period of the record of the
--- message they counted (the earliest time there is, where it is gone). (A new database has no such partition.) A default partition keeps what
--- no period's partition holds yet.
+-- message they counted (the earliest time there is, where it is gone). (A new database has
+-- no such partition.) A default partition keeps what no period's partition holds yet. The
+-- upgrade reads the charges three times (the latest period, the bound, the primary key
+-- built again) under a lock that holds the batches that count or give back a limit.
 --
 -- A primary key of a partitioned table includes its partition key: (txn_id, limit_id,
 -- charged_by, dedup_period) keeps a charge from being written twice within a period; across
@@ -24,6 +26,12 @@ DECLARE
     upto   timestamptz;
 BEGIN
     LOCK TABLE limit_charges IN ACCESS EXCLUSIVE MODE;
+    -- (The charges without a period found by the partial index that only they are in.)
+    UPDATE limit_charges c
+       SET dedup_period = coalesce((SELECT max(p.dedup_period)
+                                      FROM processed_transactions p
+                                     WHERE p.txn_id = c.charged_by), '-infinity')
+     WHERE c.dedup_period IS NULL;
     DROP TRIGGER limit_charges_kept_when_purged ON limit_charges;
     DROP INDEX limit_charges_dedup_period_idx;
     DROP INDEX limit_charges_before_periods_idx;
@@ -38,17 +46,18 @@ BEGIN
     ALTER TABLE limit_charges ADD PRIMARY KEY (txn_id, limit_id, charged_by, dedup_period);
 
     IF EXISTS (SELECT 1 FROM limit_charges_before_periods) THEN
-        UPDATE limit_charges_before_periods c
-           SET dedup_period = coalesce((SELECT max(p.dedup_period)
-                                          FROM processed_transactions p
-                                         WHERE p.txn_id = c.charged_by), '-infinity')
-         WHERE c.dedup_period IS NULL;
-        ALTER TABLE limit_charges_before_periods ALTER COLUMN dedup_period SET NOT NULL;
         -- (The end of the period under way, or of the latest one a charge names: every
         -- charge of before falls within the partition.)
         upto := to_timestamp((floor(extract(epoch FROM greatest(
                     now(), (SELECT max(dedup_period) FROM limit_charges_before_periods)))
                     / extract(epoch FROM length)) + 1) * extract(epoch FROM length));
+        -- (One read of the charges proves the column NOT NULL and the partition's bound,
+        -- so that neither is read for again; the primary key is built once more, with
+        -- the period.)
+        EXECUTE format('ALTER TABLE limit_charges_before_periods '
+                       'ADD CONSTRAINT limit_charges_before_periods_bound '
+                       'CHECK (dedup_period IS NOT NULL AND dedup_period < %L)', upto);
+        ALTER TABLE limit_charges_before_periods ALTER COLUMN dedup_period SET NOT NULL;
         ALTER TABLE limit_charges_before_periods
             DROP CONSTRAINT limit_charges_before_periods_pkey,
             ADD CONSTRAINT limit_charges_before_periods_pkey
@@ -56,6 +65,8 @@ BEGIN
         EXECUTE format('ALTER TABLE limit_charges ATTACH PARTITION '
                        'limit_charges_before_periods FOR VALUES FROM (MINVALUE) TO (%L)',
                        upto);
+        ALTER TABLE limit_charges_before_periods
+            DROP CONSTRAINT limit_charges_before_periods_bound;
         REVOKE ALL ON limit_charges_before_periods FROM payauth_worker;
     ELSE
         DROP TABLE limit_charges_before_periods;
@@ -71,3 +82,7 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON limit_charges TO payauth_worker;
 CREATE TRIGGER limit_charges_kept_when_purged
     AFTER DELETE ON limit_charges REFERENCING OLD TABLE AS gone
     FOR EACH STATEMENT EXECUTE FUNCTION payauth_limit_charges_purged();
+
+-- (payauth_dedup_prepare makes the charges' partitions too, given the table: sql/ defines
+-- it again with its second argument.)
+DROP FUNCTION IF EXISTS payauth_dedup_prepare(integer);

@@ -43,6 +43,7 @@ BEGIN
         EXECUTE format('DROP TABLE %I', part);
     END LOOP;
     RETURN QUERY SELECT * FROM payauth_dedup_prepare();
+    RETURN QUERY SELECT * FROM payauth_dedup_prepare(p_table => 'limit_charges');
 END
 $$;
 

@@ -16,7 +16,10 @@
 -- is waited for, and its amount kept), before the table is locked. Detaching takes ACCESS
 -- EXCLUSIVE on the table for a moment (the batches under way finish first, the next ones
 -- wait), no longer than lock_timeout (1 s; 3 s for the partitions, locked first in the
--- mode a vacuum holds), or it is left to the next purge. Never in the transaction that
+-- mode a vacuum holds), or it is left to the next purge. (A batch that, meanwhile, gives
+-- back on a hold whose charge this moved waits for this transaction while it holds the
+-- table: a deadlock, ended within that second; the batch is taken again, or, where the
+-- move committed first, it fails to lock the moved row and is taken again.) Never in the transaction that
 -- detaches a store's period: a batch locks the store and the charges in either order (it
 -- reads a reversal's charges before it claims, writes a purchase's after), and a purge
 -- that held one while it waited for the other could deadlock with it.

@@ -193,9 +193,12 @@ async def purge(
 
 async def prepare_periods(
         conn: asyncpg.Connection | asyncpg.pool.PoolConnectionProxy) -> list[str]:
-    """Make the dedup store's partitions of the period under way and the ones ahead where
-    missing; return the ones made."""
-    made = [r[0] for r in await conn.fetch("SELECT * FROM payauth_dedup_prepare()")]
+    """Make the partitions of the period under way and the ones ahead where missing, the
+    dedup store's then the limits' charges', each in a transaction of its own (one never
+    waits holding the other's default partition); return the ones made."""
+    made = [r[0] for table in ("processed_transactions", "limit_charges")
+            for r in await conn.fetch("SELECT * FROM payauth_dedup_prepare(p_table => $1)",
+                                      table)]
     if made:
         log.info("dedup_periods_made", partitions=made)
     return made

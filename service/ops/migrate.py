@@ -151,7 +151,7 @@ async def _prepare_dedup_periods(conn: asyncpg.Connection) -> None:
     missing (the workers and the purge make them too): a store just made or upgraded takes
     claims in a partition of their own period at once. (A migration directory of another version may
     not define the function.)"""
-    if await conn.fetchval("SELECT to_regprocedure('payauth_dedup_prepare(integer)')"):
+    if await conn.fetchval("SELECT to_regprocedure('payauth_dedup_prepare(integer, regclass)')"):
         await prepare_periods(conn)
 
 

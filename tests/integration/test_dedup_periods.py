@@ -735,8 +735,9 @@ def test_a_store_of_minute_periods_purges_whole_minutes_within_a_window_of_minut
     _stop_the_clock(env.dsn)
     _set_clock(env.dsn, _at(1, 10, 0, 30))
     made = [r[0] for r in stack.fetch(env.dsn, "SELECT * FROM payauth_dedup_set_period(60)")]
-    assert made[:3] == [_part(_at(1, 10, 0, 0)), _part(_at(1, 10, 0, 0), "limit_charges"),
-                        _part(_at(1, 10, 1, 0))] and len(made) == 22
+    assert made[:2] == [_part(_at(1, 10, 0, 0)), _part(_at(1, 10, 1, 0))]
+    assert made[11:13] == [_part(_at(1, 10, 0, 0), "limit_charges"),
+                           _part(_at(1, 10, 1, 0), "limit_charges")] and len(made) == 22
     claimed = {}
     for minute in (0, 1, 4):
         _set_clock(env.dsn, _at(1, 10, minute, 30))
