@@ -13,18 +13,19 @@ AS $$
 DECLARE
     purged text;
 BEGIN
+    -- What the charges' tables count, summed as payauth_limit_charges_detached reads them,
+    -- before any is dropped; no charges' partition detached between the two statements
+    -- (its detach waits for this lock, which no batch waits for).
+    LOCK TABLE limit_charges IN ACCESS SHARE MODE;
+    INSERT INTO purged_limit_charges (limit_id, period_start, amount, count)
+    SELECT d.limit_id, d.period_start, d.amount, d.count
+      FROM payauth_limit_charges_detached() d;
     FOR purged IN SELECT c.relname FROM pg_class c
                    WHERE (c.relname LIKE 'processed\_transactions\_%\_purged'
                           OR c.relname LIKE 'limit\_charges\_%\_purged')
                      AND c.relkind = 'r' AND NOT c.relispartition
                      AND c.relnamespace = 'public'::regnamespace
                    ORDER BY c.relname LOOP
-        IF purged LIKE 'limit\_charges\_%' THEN
-            EXECUTE format('INSERT INTO purged_limit_charges (limit_id, period_start, amount, '
-                           '                                  count) '
-                           'SELECT limit_id, period_start, sum(amount), sum(count) FROM %I '
-                           ' GROUP BY limit_id, period_start', purged);
-        END IF;
         EXECUTE format('DROP TABLE %I', purged);
         RETURN NEXT purged;
     END LOOP;

@@ -147,10 +147,10 @@ async def migrate(dsn: str, directory: Path = MIGRATIONS_DIR,
 
 
 async def _prepare_dedup_periods(conn: asyncpg.Connection) -> None:
-    """Make the dedup store's partitions of the period under way and the ones ahead where
-    missing (the workers and the purge make them too): a store just made or upgraded takes
-    claims in a partition of their own period at once. (A migration directory of another version may
-    not define the function.)"""
+    """Make the partitions of the period under way and the ones ahead where missing, the
+    dedup store's and the limits' charges' (the workers and the purge make them too): a
+    store just made or upgraded takes claims in a partition of their own period at once.
+    (A migration directory of another version may not define the function.)"""
     if await conn.fetchval("SELECT to_regprocedure('payauth_dedup_prepare(integer, regclass)')"):
         await prepare_periods(conn)
 
