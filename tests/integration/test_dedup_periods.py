@@ -23,8 +23,9 @@ from service.adapters import retention
 from service.adapters.postgres import PostgresStore
 from service.core.ports import TransientError
 from service.domain.messages import Authorization, decode_authorization
+from service.ops import verify as verify_module
 from service.ops.migrate import migrate
-from service.ops.verify import report, verify
+from service.ops.verify import Check, report, verify
 from tests.support import stack
 from tests.support.factory import auth_message, authorization, encode
 from tests.support.held_open import HeldOpenStore, command_while_a_batch_decides
@@ -626,6 +627,58 @@ def test_verify_counts_the_charges_detached_until_they_are_summed(env: stack.Env
     assert [tuple(r) for r in stack.fetch(
         env.dsn, "SELECT limit_id, amount, count FROM purged_limit_charges "
                  "ORDER BY limit_id")] == [("L", 3, 1), ("M", 4, 1)]
+    assert _USAGE_HELD in report(asyncio.run(verify(env.dsn)))[0].splitlines()
+
+
+def test_a_charges_detach_waits_for_a_verify_under_way(
+        env: stack.Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """verify takes its snapshot, then reads limit_charges and the detached tables in
+    statements after it. A detach committed in between would hide that period's charges
+    from both (the partition gone from the table, the table not yet detached in the
+    snapshot): verify locks limit_charges before its snapshot, so the detach waits for it
+    (seen failing with the lock taken after the snapshot: usage 3, charges 0). Verify is held
+    at a gate, the first check after its snapshot, until the detach waits or is done."""
+    old = _decided_five_days_ago(env.dsn)
+    stack.fetch(env.dsn, "INSERT INTO limit_charges (txn_id, charged_by, limit_id, "
+                         "period_start, amount, count, dedup_period) "
+                         "VALUES ($1, $1, 'L', current_date, 3, 1, $2)",
+                old.transaction_id, _day(-5))
+    stack.fetch(env.dsn, "INSERT INTO limit_usage VALUES ('L', current_date, 3, 1)")
+    assert stack.fetch(env.dsn, "SELECT * FROM payauth_dedup_drop_period(72)")
+    gate_key = 7_042_001
+    gate = Check("the test's gate", "SELECT 'held' WHERE (SELECT pg_advisory_xact_lock_shared"
+                                    f"({gate_key})::text) IS NULL")
+    monkeypatch.setattr(verify_module, "CHECKS", (gate, *verify_module.CHECKS))
+
+    async def detach_beside_a_verify() -> tuple[str, list[Any]]:
+        holder = await asyncpg.connect(env.dsn)
+        detacher = await asyncpg.connect(env.dsn, server_settings={
+            "application_name": "detacher"})
+        try:
+            await holder.execute("SELECT pg_advisory_lock($1)", gate_key)
+            checking = asyncio.create_task(verify(env.dsn))
+            await stack.until_a_lock_is_awaited(env.dsn)  # verify at its gate
+            detaching = asyncio.create_task(
+                detacher.fetch("SELECT * FROM payauth_limit_charges_drop_periods()"))
+            waiting = asyncio.create_task(stack.until_a_lock_is_awaited(env.dsn, "detacher"))
+            await asyncio.wait([waiting, detaching], return_when=asyncio.FIRST_COMPLETED)
+            waiting.cancel()
+            await holder.execute("SELECT pg_advisory_unlock($1)", gate_key)
+            said = report(await checking)[0]
+            try:
+                detached = await detaching
+            except asyncpg.LockNotAvailableError:  # waited out its lock_timeout
+                detached = []
+            return said, detached
+        finally:
+            await holder.close()
+            await detacher.close()
+
+    said, detached = asyncio.run(detach_beside_a_verify())
+    assert _USAGE_HELD in said.splitlines()
+    if not detached:  # the detach timed out behind the verify: it goes now
+        detached = stack.fetch(env.dsn, "SELECT * FROM payauth_limit_charges_drop_periods()")
+    assert [r[0] for r in detached] == [_part(_day(-5), "limit_charges")]
     assert _USAGE_HELD in report(asyncio.run(verify(env.dsn)))[0].splitlines()
 
 
