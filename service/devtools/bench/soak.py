@@ -4,18 +4,21 @@ One worker, purging itself every minute (``PAYAUTH_PURGE_INTERVAL_SECONDS``) wit
 window of minutes (``SOAK_RETENTION_MINUTES``, 5) over a dedup store of periods of half the
 window (the purge drops whole periods, as at a bank's with a day's), takes a steady load of
 purchases on cards with a daily and a monthly limit each (never reached: every purchase
-counted twice, its charges purged with its period) at half the rate it drains a backlog
-of them at (measured first, on the same worker) for
-``SOAK_MINUTES`` (30; hours are a setting). The load is sent in steps of ``SOAK_STEP_SECONDS``
-(60); after each, the step's p50 and p99 (produce → result event, ``paced.PacedLoad``), the
-worker's resident memory, and the dedup store's size (every period's partition, indexes
-and all) are kept. At the end, ``payauth verify`` on the database (each limit's usage its
-charges and what the purges took of them, exactly, among its checks).
+counted twice, its charges purged with its period) at half the rate it drains a backlog of
+them at (measured first, on the same worker) for ``SOAK_MINUTES`` (30; hours are a
+setting). The load is sent in steps of ``SOAK_STEP_SECONDS`` (60); after each, the step's
+p50 and p99 (produce → result event, ``paced.PacedLoad``), the worker's resident memory,
+the dedup store's size and the limits' charges' (every period's partition of each, indexes
+and all), and the longest statement the database ran in it (``activity.LongestStatement``:
+what holds a core for seconds is named) are kept. At the end, ``payauth verify`` on the
+database (each limit's usage its charges and what the purges took of them, exactly, among
+its checks).
 
 What it answers (``summarize``): the p99 and the memory of the last five minutes against the
 first five (the median of the steps' p99 in each, the mean of the memory: within 1.2 times); the
-store's size over the last five minutes against the five once it could first be full (the
-window, two periods and a purge interval after the start: within 1.2 times, "flat"); how many
+store's size, and the charges', over the last five minutes against the five once they could
+first be full (the window, two periods and a purge interval after the start: within 1.2
+times, "flat"); the longest statement (reported, not held to a bound); how many
 periods the purge dropped; and verify's verdict. JSON to ``SOAK_OUT`` (.soak/results.json).
 Topics keep ten minutes of messages, and the worker's log (INFO, as in production) is read
 for failed purges and deferred periods (reported, not held against it) and removed: a soak
@@ -40,7 +43,7 @@ from confluent_kafka.admin import AdminClient
 from pydantic import SecretStr
 
 from service.config import load_settings
-from service.devtools.bench import paced
+from service.devtools.bench import activity, paced
 from service.devtools.bench.run import FULL, PARTITIONS, Bench, log
 from service.devtools.chaos.purges import dedup_period_seconds
 from service.devtools.processes import ROOT, WorkerProcess
@@ -64,6 +67,9 @@ class Sample:
     rss_mb: float
     store_bytes: int
     periods: list[str]
+    charges_bytes: int
+    longest_statement_s: float
+    longest_statement: str
 
 
 def summarize(samples: list[Sample], *, retention_minutes: float, period_minutes: float
@@ -90,11 +96,20 @@ def summarize(samples: list[Sample], *, retention_minutes: float, period_minutes
         "store_mb_settled": (statistics.fmean(s.store_bytes for s in settled) / 2**20
                              if settled else None),
         "store_mb_last": statistics.fmean(s.store_bytes for s in last) / 2**20,
+        "charges_mb_settled": (statistics.fmean(s.charges_bytes for s in settled) / 2**20
+                               if settled else None),
+        "charges_mb_last": statistics.fmean(s.charges_bytes for s in last) / 2**20,
     }
+    longest = max(samples, key=lambda s: s.longest_statement_s)
+    out["longest_statement_s"] = round(longest.longest_statement_s, 1)
+    out["longest_statement"] = longest.longest_statement
+    out["longest_statement_minute"] = round(longest.minute, 1)
     for name, before, after in (("ratio_p99_last_vs_first", "p99_ms_first", "p99_ms_last"),
                                 ("ratio_rss_last_vs_first", "rss_mb_first", "rss_mb_last"),
                                 ("ratio_store_last_vs_settled", "store_mb_settled",
-                                 "store_mb_last")):
+                                 "store_mb_last"),
+                                ("ratio_charges_last_vs_settled", "charges_mb_settled",
+                                 "charges_mb_last")):
         out[name] = (round(out[after] / out[before], 3)
                      if out[before] not in (None, 0) else None)
     return out
@@ -102,25 +117,29 @@ def summarize(samples: list[Sample], *, retention_minutes: float, period_minutes
 
 def met(summary: dict[str, Any]) -> bool:
     ratios = [summary[k] for k in ("ratio_p99_last_vs_first", "ratio_rss_last_vs_first",
-                                   "ratio_store_last_vs_settled")]
+                                   "ratio_store_last_vs_settled",
+                                   "ratio_charges_last_vs_settled")]
     return (all(r is not None and r <= BOUND for r in ratios)
             and summary["periods_dropped"] > 0 and summary["missing"] == 0)
 
 
-_STORE = """
-SELECT c.relname, pg_total_relation_size(c.oid) AS bytes
+_PARTITIONS = """
+SELECT i.inhparent::regclass::text AS parent, c.relname, pg_total_relation_size(c.oid) AS bytes
   FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
- WHERE i.inhparent = 'processed_transactions'::regclass
+ WHERE i.inhparent IN ('processed_transactions'::regclass, 'limit_charges'::regclass)
 """
 
 
-async def _store(dsn: str) -> tuple[int, list[str]]:
+async def _store(dsn: str) -> tuple[int, list[str], int]:
+    """The dedup store's bytes and partitions, and the limits' charges' bytes."""
     conn = await asyncpg.connect(dsn)
     try:
-        rows = await conn.fetch(_STORE)
+        rows = await conn.fetch(_PARTITIONS)
     finally:
         await conn.close()
-    return sum(int(r["bytes"]) for r in rows), sorted(r["relname"] for r in rows)
+    store = [r for r in rows if r["parent"] == "processed_transactions"]
+    return (sum(int(r["bytes"]) for r in store), sorted(r["relname"] for r in store),
+            sum(int(r["bytes"]) for r in rows if r["parent"] == "limit_charges"))
 
 
 async def _set_period(dsn: str, seconds: int) -> None:
@@ -165,6 +184,29 @@ def _topic(bench: Bench, name: str) -> str:
     return full
 
 
+def _steps(bench: Bench, load: paced.PacedLoad, worker: WorkerProcess,
+           longest: activity.LongestStatement, rate: float, minutes: float,
+           step_seconds: float) -> list[Sample]:
+    """The steady load in steps for ``minutes``, each step's sample kept and logged."""
+    samples: list[Sample] = []
+    started = time.monotonic()
+    while time.monotonic() - started < minutes * 60:
+        step = load.step(rate, step_seconds)
+        size, periods, charges = asyncio.run(_store(bench.dsn))
+        seconds, statement = longest.take()
+        sample = Sample((time.monotonic() - started) / 60, rate, step.samples,
+                        step.missing, round(step.p50_ms, 1), round(step.p99_ms, 1),
+                        round(_rss_mb(worker), 1), size, periods, charges,
+                        round(seconds, 1), statement)
+        samples.append(sample)
+        log(f"{sample.minute:5.1f} min: p50 {sample.p50_ms:.1f} ms, p99 "
+            f"{sample.p99_ms:.1f} ms, {sample.samples} events ({sample.missing} "
+            f"missing), worker {sample.rss_mb:.0f} MB, store "
+            f"{size / 2**20:.1f} MB in {len(periods)} partitions, charges "
+            f"{charges / 2**20:.1f} MB; longest statement {seconds:.1f} s")
+    return samples
+
+
 def soak(bench: Bench, minutes: float, retention_minutes: float, step_seconds: float
          ) -> dict[str, Any]:
     period = dedup_period_seconds(retention_minutes * 60)
@@ -192,19 +234,12 @@ def soak(bench: Bench, minutes: float, retention_minutes: float, step_seconds: f
         load = paced.PacedLoad(bench.bootstrap, topic, topic + ".out", PARTITIONS,
                                on_cards, name=f"soak-{bench.run}",
                                under_test=worker.proc.pid)
-        samples: list[Sample] = []
-        started = time.monotonic()
-        while time.monotonic() - started < minutes * 60:
-            step = load.step(rate, step_seconds)
-            size, periods = asyncio.run(_store(bench.dsn))
-            sample = Sample((time.monotonic() - started) / 60, rate, step.samples,
-                            step.missing, round(step.p50_ms, 1), round(step.p99_ms, 1),
-                            round(_rss_mb(worker), 1), size, periods)
-            samples.append(sample)
-            log(f"{sample.minute:5.1f} min: p50 {sample.p50_ms:.1f} ms, p99 "
-                f"{sample.p99_ms:.1f} ms, {sample.samples} events ({sample.missing} "
-                f"missing), worker {sample.rss_mb:.0f} MB, store "
-                f"{size / 2**20:.1f} MB in {len(periods)} partitions")
+        longest = activity.LongestStatement(bench.dsn)
+        longest.start()
+        try:
+            samples = _steps(bench, load, worker, longest, rate, minutes, step_seconds)
+        finally:
+            longest.close()
         load.close()
     finally:
         code = worker.terminate()
