@@ -5,16 +5,18 @@ through the broker; two replicas claiming one transaction_id at once on either s
 the end, and a claim that straddles it (sql/payauth_claim_period.sql); the partitions made
 ahead, and a record made before them moved into its own; the purge dropping whole periods
 and deleting only what an administrator set back, beside a vacuum of a period, and giving
-up a period whose record is set within the window meanwhile; the upgrade from the table of
-before."""
+up a period whose record is set within the window meanwhile; a detach of the limits'
+charges waiting for a verify under way and for the detached charges' sum and drop; the
+upgrade from the table of before."""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, time, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 import pytest
@@ -32,6 +34,7 @@ from tests.support.held_open import HeldOpenStore, command_while_a_batch_decides
 from tests.support.workers import wait_until
 
 TODAY = datetime.now(UTC).date()
+T = TypeVar("T")
 FENCE = 1885436260 << 32  # payauth_claim_period's locks: this, plus a period's epoch second
 
 # What a VACUUM (autovacuum's too) holds on the table it works through: SHARE UPDATE
@@ -630,6 +633,54 @@ def test_verify_counts_the_charges_detached_until_they_are_summed(env: stack.Env
     assert _USAGE_HELD in report(asyncio.run(verify(env.dsn)))[0].splitlines()
 
 
+_DETACH_CHARGES = "SELECT * FROM payauth_limit_charges_drop_periods()"
+
+
+def _a_charge_of_day_minus_five_to_detach(dsn: str) -> None:
+    """A charge of 3 in limit L, counted in its usage, in day -5's charges partition; the
+    store's day -5 dropped, so that the charges' detach takes that partition next."""
+    old = _decided_five_days_ago(dsn)
+    stack.fetch(dsn, "INSERT INTO limit_charges (txn_id, charged_by, limit_id, period_start, "
+                     "amount, count, dedup_period) "
+                     "VALUES ($1, $1, 'L', current_date, 3, 1, $2)",
+                old.transaction_id, _day(-5))
+    stack.fetch(dsn, "INSERT INTO limit_usage VALUES ('L', current_date, 3, 1)")
+    assert stack.fetch(dsn, "SELECT * FROM payauth_dedup_drop_period(72)")
+
+
+def _detached_beside(dsn: str, work: Callable[[], Awaitable[T]], *, hold: str,
+                     let_go: str) -> tuple[T, list[Any]]:
+    """``work`` started while a connection of the test holds it at a gate (``hold``, then
+    ``let_go`` on that connection); the charges' detach tried beside it until it waits for a
+    lock or is done; then the gate let go. What ``work`` returned, and the partitions the
+    detach took (tried again once ``work`` is done if it waited out its lock_timeout)."""
+
+    async def scenario() -> tuple[T, list[Any]]:
+        holder = await asyncpg.connect(dsn)
+        detacher = await asyncpg.connect(dsn, server_settings={"application_name": "detacher"})
+        try:
+            await holder.execute(hold)
+            working = asyncio.create_task(work())
+            await stack.until_a_lock_is_awaited(dsn)  # work at the gate
+            detaching = asyncio.create_task(detacher.fetch(_DETACH_CHARGES))
+            waiting = asyncio.create_task(stack.until_a_lock_is_awaited(dsn, "detacher"))
+            await asyncio.wait([waiting, detaching], return_when=asyncio.FIRST_COMPLETED)
+            waiting.cancel()
+            await holder.execute(let_go)
+            done = await working
+            try:
+                detached = await detaching
+            except asyncpg.LockNotAvailableError:  # waited out its lock_timeout
+                detached = []
+            return done, detached
+        finally:
+            await holder.close()
+            await detacher.close()
+
+    done, detached = asyncio.run(scenario())
+    return done, detached or stack.fetch(dsn, _DETACH_CHARGES)
+
+
 def test_a_charges_detach_waits_for_a_verify_under_way(
         env: stack.Env, monkeypatch: pytest.MonkeyPatch) -> None:
     """verify takes its snapshot, then reads limit_charges and the detached tables in
@@ -638,47 +689,52 @@ def test_a_charges_detach_waits_for_a_verify_under_way(
     snapshot): verify locks limit_charges before its snapshot, so the detach waits for it
     (seen failing with the lock taken after the snapshot: usage 3, charges 0). Verify is held
     at a gate, the first check after its snapshot, until the detach waits or is done."""
-    old = _decided_five_days_ago(env.dsn)
-    stack.fetch(env.dsn, "INSERT INTO limit_charges (txn_id, charged_by, limit_id, "
-                         "period_start, amount, count, dedup_period) "
-                         "VALUES ($1, $1, 'L', current_date, 3, 1, $2)",
-                old.transaction_id, _day(-5))
-    stack.fetch(env.dsn, "INSERT INTO limit_usage VALUES ('L', current_date, 3, 1)")
-    assert stack.fetch(env.dsn, "SELECT * FROM payauth_dedup_drop_period(72)")
+    _a_charge_of_day_minus_five_to_detach(env.dsn)
     gate_key = 7_042_001
     gate = Check("the test's gate", "SELECT 'held' WHERE (SELECT pg_advisory_xact_lock_shared"
                                     f"({gate_key})::text) IS NULL")
     monkeypatch.setattr(verify_module, "CHECKS", (gate, *verify_module.CHECKS))
 
-    async def detach_beside_a_verify() -> tuple[str, list[Any]]:
-        holder = await asyncpg.connect(env.dsn)
-        detacher = await asyncpg.connect(env.dsn, server_settings={
-            "application_name": "detacher"})
-        try:
-            await holder.execute("SELECT pg_advisory_lock($1)", gate_key)
-            checking = asyncio.create_task(verify(env.dsn))
-            await stack.until_a_lock_is_awaited(env.dsn)  # verify at its gate
-            detaching = asyncio.create_task(
-                detacher.fetch("SELECT * FROM payauth_limit_charges_drop_periods()"))
-            waiting = asyncio.create_task(stack.until_a_lock_is_awaited(env.dsn, "detacher"))
-            await asyncio.wait([waiting, detaching], return_when=asyncio.FIRST_COMPLETED)
-            waiting.cancel()
-            await holder.execute("SELECT pg_advisory_unlock($1)", gate_key)
-            said = report(await checking)[0]
-            try:
-                detached = await detaching
-            except asyncpg.LockNotAvailableError:  # waited out its lock_timeout
-                detached = []
-            return said, detached
-        finally:
-            await holder.close()
-            await detacher.close()
-
-    said, detached = asyncio.run(detach_beside_a_verify())
-    assert _USAGE_HELD in said.splitlines()
-    if not detached:  # the detach timed out behind the verify: it goes now
-        detached = stack.fetch(env.dsn, "SELECT * FROM payauth_limit_charges_drop_periods()")
+    said, detached = _detached_beside(
+        env.dsn, lambda: verify(env.dsn), hold=f"SELECT pg_advisory_lock({gate_key})",
+        let_go=f"SELECT pg_advisory_unlock({gate_key})")
+    assert _USAGE_HELD in report(said)[0].splitlines()
     assert [r[0] for r in detached] == [_part(_day(-5), "limit_charges")]
+    assert _USAGE_HELD in report(asyncio.run(verify(env.dsn)))[0].splitlines()
+
+
+def test_a_charges_detach_waits_for_the_detached_charges_to_be_summed_and_dropped(
+        env: stack.Env) -> None:
+    """payauth_dedup_drop_purged sums the detached charges' tables in one statement, then
+    drops every detached table in the next: a table detached between the two would be
+    dropped unsummed, what it counted lost to verify. The function locks limit_charges
+    first, so the detach waits for it (seen failing without that lock: L's 3 not in
+    purged_limit_charges). It is held at a gate, reading a detached table of an earlier
+    period that the test keeps locked, until the detach waits or is done."""
+    _a_charge_of_day_minus_five_to_detach(env.dsn)
+    earlier = "limit_charges_20000101_000000_purged"
+    stack.fetch(env.dsn, f"CREATE TABLE {earlier} (LIKE limit_charges)")
+    stack.fetch(env.dsn, f"INSERT INTO {earlier} (txn_id, charged_by, limit_id, period_start, "
+                         "amount, count, dedup_period) "
+                         "VALUES ('E', 'E', 'E-LIM', '2000-01-01', 5, 1, '2000-01-01')")
+    stack.fetch(env.dsn, "INSERT INTO limit_usage VALUES ('E-LIM', '2000-01-01', 5, 1)")
+
+    async def sum_and_drop() -> list[Any]:
+        conn = await asyncpg.connect(env.dsn)
+        try:
+            return await conn.fetch("SELECT * FROM payauth_dedup_drop_purged()")
+        finally:
+            await conn.close()
+
+    dropped, detached = _detached_beside(
+        env.dsn, sum_and_drop, hold=f"BEGIN; LOCK TABLE {earlier} IN ACCESS EXCLUSIVE MODE",
+        let_go="COMMIT")
+    assert earlier in [r[0] for r in dropped]
+    assert [r[0] for r in detached] == [_part(_day(-5), "limit_charges")]
+    stack.fetch(env.dsn, "SELECT * FROM payauth_dedup_drop_purged()")  # what came meanwhile
+    assert [tuple(r) for r in stack.fetch(
+        env.dsn, "SELECT limit_id, amount, count FROM purged_limit_charges "
+                 "ORDER BY limit_id")] == [("E-LIM", 5, 1), ("L", 3, 1)]
     assert _USAGE_HELD in report(asyncio.run(verify(env.dsn)))[0].splitlines()
 
 
