@@ -34,6 +34,7 @@ import re
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,17 @@ class Sample:
     longest_statement: str
 
 
+# Each answer held to BOUND: its name, the figure before and the figure after.
+_RATIOS = (("ratio_p99_last_vs_first", "p99_ms_first", "p99_ms_last"),
+           ("ratio_rss_last_vs_first", "rss_mb_first", "rss_mb_last"),
+           ("ratio_store_last_vs_settled", "store_mb_settled", "store_mb_last"),
+           ("ratio_charges_last_vs_settled", "charges_mb_settled", "charges_mb_last"))
+
+
+def _mean_mb(steps: list[Sample], size: Callable[[Sample], int]) -> float | None:
+    return statistics.fmean(size(s) for s in steps) / 2**20 if steps else None
+
+
 def summarize(samples: list[Sample], *, retention_minutes: float, period_minutes: float
               ) -> dict[str, Any]:
     """The soak's answers from its steps (in time order)."""
@@ -93,32 +105,23 @@ def summarize(samples: list[Sample], *, retention_minutes: float, period_minutes
         "p99_ms_last": statistics.median(s.p99_ms for s in last),
         "rss_mb_first": statistics.fmean(s.rss_mb for s in first) if first else None,
         "rss_mb_last": statistics.fmean(s.rss_mb for s in last),
-        "store_mb_settled": (statistics.fmean(s.store_bytes for s in settled) / 2**20
-                             if settled else None),
-        "store_mb_last": statistics.fmean(s.store_bytes for s in last) / 2**20,
-        "charges_mb_settled": (statistics.fmean(s.charges_bytes for s in settled) / 2**20
-                               if settled else None),
-        "charges_mb_last": statistics.fmean(s.charges_bytes for s in last) / 2**20,
+        "store_mb_settled": _mean_mb(settled, lambda s: s.store_bytes),
+        "store_mb_last": _mean_mb(last, lambda s: s.store_bytes),
+        "charges_mb_settled": _mean_mb(settled, lambda s: s.charges_bytes),
+        "charges_mb_last": _mean_mb(last, lambda s: s.charges_bytes),
     }
     longest = max(samples, key=lambda s: s.longest_statement_s)
     out["longest_statement_s"] = round(longest.longest_statement_s, 1)
     out["longest_statement"] = longest.longest_statement
     out["longest_statement_minute"] = round(longest.minute, 1)
-    for name, before, after in (("ratio_p99_last_vs_first", "p99_ms_first", "p99_ms_last"),
-                                ("ratio_rss_last_vs_first", "rss_mb_first", "rss_mb_last"),
-                                ("ratio_store_last_vs_settled", "store_mb_settled",
-                                 "store_mb_last"),
-                                ("ratio_charges_last_vs_settled", "charges_mb_settled",
-                                 "charges_mb_last")):
+    for name, before, after in _RATIOS:
         out[name] = (round(out[after] / out[before], 3)
                      if out[before] not in (None, 0) else None)
     return out
 
 
 def met(summary: dict[str, Any]) -> bool:
-    ratios = [summary[k] for k in ("ratio_p99_last_vs_first", "ratio_rss_last_vs_first",
-                                   "ratio_store_last_vs_settled",
-                                   "ratio_charges_last_vs_settled")]
+    ratios = [summary[name] for name, _, _ in _RATIOS]
     return (all(r is not None and r <= BOUND for r in ratios)
             and summary["periods_dropped"] > 0 and summary["missing"] == 0)
 
