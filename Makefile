@@ -36,7 +36,7 @@ stack-down: ## stop what stack-up started, and the API server make test starts (
 	@deploy/local/stack.sh down
 	@deploy/local/k8s-api.sh down
 
-test-tools: ## install what the tests call besides the stack (promtool; nft as root), if missing
+test-tools: ## install what the tests call besides the stack (promtool, valgrind; nft as root), if missing
 	@deploy/local/stack.sh tools
 
 stack-status: ## which stack services answer

@@ -105,6 +105,10 @@ psql_cmd() { # psql_cmd DB ARGS...
   PGCONNECT_TIMEOUT=3 psql -X -q -h localhost -p "$PG_PORT" -U "${PGUSER:-postgres}" -d "$db" -v ON_ERROR_STOP=1 "$@"
 }
 
+# payauth's database compares text byte by byte ("C"), whatever the cluster's locale
+# (docs/operations.md, "The database's collation"); service/ops/migrate.py CREATE_OPTIONS.
+PG_DB_OPTIONS="template template0 lc_collate 'C'"
+
 ensure_role_and_db() {
   local me; me=$(id -un)
   if [ "$me" != postgres ]; then
@@ -113,7 +117,7 @@ ensure_role_and_db() {
       || die "postgres: could not create role $me"
   fi
   psql_cmd postgres -tAc "select 1 from pg_database where datname = '$PG_DB'" | grep -q 1 \
-    || psql_cmd postgres -c "create database \"$PG_DB\" owner \"$me\"" >/dev/null \
+    || psql_cmd postgres -c "create database \"$PG_DB\" owner \"$me\" $PG_DB_OPTIONS" >/dev/null \
     || die "postgres: could not create database $PG_DB"
 }
 
@@ -239,14 +243,16 @@ if [ "${STACK_FUNCTIONS_ONLY:-}" = 1 ]; then return 0; fi
 case "${1:-}" in
   up) postgres_up; redis_up; kafka_up; topics_up; step "stack is up" ;;
   down) kafka_down; redis_down; postgres_down; step "stack is down" ;;
-  tools)  # what the tests call besides the stack: promtool checks the alert rules; as root,
-          # nft makes the partition faults in the namespaces of the netsplit tests
+  tools)  # what the tests call besides the stack: promtool checks the alert rules; valgrind
+          # counts the server's instructions (bench.instructions); as root, nft makes the
+          # partition faults in the namespaces of the netsplit tests
     command -v promtool >/dev/null 2>&1 || apt_install prometheus
+    command -v valgrind >/dev/null 2>&1 || apt_install valgrind
     if [ "$(id -u)" = 0 ]; then
       command -v nft >/dev/null 2>&1 || apt_install nftables
-      step "test tools ready (promtool, nft)"
+      step "test tools ready (promtool, valgrind, nft)"
     else
-      step "test tools ready (promtool; not root: no nft, the netsplit tests skip)"
+      step "test tools ready (promtool, valgrind; not root: no nft, the netsplit tests skip)"
     fi ;;
   restart-postgres) postgres_restart ;;
   restart-redis) redis_down; redis_up ;;

@@ -1,0 +1,214 @@
+"""PostgreSQL's instructions per message of the worker's statement, this tree against another
+revision: a count, not a time, so the same on a busy machine as on a quiet one
+(docs/benchmark.md, "Where PostgreSQL's CPU per authorization goes").
+
+    python -m service.devtools.bench.instructions --base REV
+        [--kind purchases|lifecycle|cards|limits] [--calls 4] [--batch 1000]
+
+``pair`` times each side's backend; on this machine kind its runs vary by about 7 %, more
+than many a change is worth. This tool runs a server of its own under valgrind's callgrind,
+which counts the instructions each process executes, whatever else the machine does. Each
+side gets a database on it made by its own tree's ``payauth migrate`` and seeded as
+``pair`` seeds (the base's from a checkout of REV), and then, for each side, two sessions
+of ``pair``'s script: one of a single call, one of 1 + ``--calls`` calls (the same first
+call: the same random values), each a backend of its own. What the longer session executed
+more, over the messages of its extra calls, is the instructions a message costs, without
+the session's start, its first plans and its catalog caches.
+
+Instructions are not time: a cache miss or a lock wait costs no instruction, and the same
+count can run faster or slower. What this tells is what a change takes out of or adds to
+the work PostgreSQL does, to the percent; ``pair`` says what that is worth in time.
+
+Needs valgrind and a PostgreSQL server's binaries (initdb, postgres) on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import asyncpg
+
+from service.devtools.bench import pair
+
+# Each message's store grows alike on both sides; a fixed seed draws the same accounts.
+_SEED = 20261207
+
+
+def postgres_bindir() -> Path:
+    """The newest PostgreSQL server binaries installed (Debian's layout), or those on PATH."""
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"),
+                   key=lambda p: [int(x) for x in p.parent.parent.name.split(".")])
+    if found:
+        return found[-1].parent
+    on_path = shutil.which("postgres")
+    if not on_path:
+        raise SystemExit("instructions: no PostgreSQL server binaries (postgres, initdb)")
+    return Path(on_path).resolve().parent
+
+
+def _as_owner() -> list[str]:
+    """How to run the server's programs: as ``postgres`` when this process is root (they
+    refuse root), as this user otherwise."""
+    return ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class CountedServer:
+    """A throw-away PostgreSQL cluster in ``directory``: started plainly to be prepared,
+    then again under callgrind, every backend it forks counted in a file of its own."""
+
+    def __init__(self, directory: Path) -> None:
+        directory.mkdir(exist_ok=True)
+        self.directory = directory
+        self.data = directory / "data"
+        self.port = _free_port()
+        self.bindir = postgres_bindir()
+        self._server: subprocess.Popen[bytes] | None = None
+        if os.geteuid() == 0:
+            shutil.chown(directory, "postgres")
+        subprocess.run([*_as_owner(), str(self.bindir / "initdb"), "-D", str(self.data),
+                        "-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C.UTF-8"],
+                       check=True, capture_output=True)
+
+    def dsn(self, database: str = "postgres") -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+
+    def start(self, *, counted: bool) -> None:
+        command = [str(self.bindir / "postgres"), "-D", str(self.data), "-p", str(self.port),
+                   "-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=",
+                   "-c", "shared_buffers=256MB", "-c", "autovacuum=off", "-c", "jit=off"]
+        if counted:
+            command = ["valgrind", "--tool=callgrind", "--trace-children=yes",
+                       f"--callgrind-out-file={self.directory}/counted.%p", *command]
+        log = open(self.directory / "server.log", "ab")  # noqa: SIM115 (the server's)
+        self._server = subprocess.Popen([*_as_owner(), *command], stdout=log, stderr=log)
+        deadline = time.monotonic() + 180  # under valgrind, startup takes seconds
+        while time.monotonic() < deadline:
+            try:
+                asyncio.run(self._ping())
+                return
+            except (OSError, asyncpg.PostgresError):
+                time.sleep(0.5)
+        raise SystemExit(f"instructions: the server did not start, see {log.name}")
+
+    async def _ping(self) -> None:
+        await (await asyncpg.connect(self.dsn(), timeout=5)).close()
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.terminate()  # SIGTERM: a smart shutdown, once the sessions ended
+            self._server.wait(timeout=180)
+            self._server = None
+
+    def executed(self, pid: int) -> int:
+        """The instructions backend ``pid`` executed, from its file (written as it exits)."""
+        path = self.directory / f"counted.{pid}"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if path.exists():
+                for line in path.read_text(errors="replace").splitlines():
+                    if line.startswith("totals:"):
+                        return int(line.split()[1])
+            time.sleep(0.5)
+        raise SystemExit(f"instructions: no count for backend {pid} in {path}")
+
+
+async def _session(dsn: str, script: str, calls: int) -> int:
+    """Run ``script`` ``calls`` times on a session of its own, its values drawn from
+    ``_SEED``; returns its backend's pid."""
+    lines = [line for line in script.splitlines() if line and not line.startswith("\\")]
+    draw = random.Random(_SEED)
+    conn = await asyncpg.connect(dsn, timeout=120, command_timeout=3600)
+    try:
+        await conn.execute("SET plan_cache_mode = force_custom_plan; SET jit = off")
+        pid = int(await conn.fetchval("SELECT pg_backend_pid()"))
+        for _ in range(calls):
+            values = {"client_id": "0", "n": str(draw.randint(1, 2_000_000_000)),
+                      "a": str(draw.randrange(pair.ACCOUNTS))}
+            for line in lines:
+                await conn.execute(pair._with_values(line, values))
+        return pid
+    finally:
+        await conn.close()
+
+
+def per_message(server: CountedServer, dsn: str, script: str, calls: int,
+                messages: int) -> float:
+    """Instructions a message: a session of 1 + ``calls`` calls less one of 1 call."""
+    short = server.executed(asyncio.run(_session(dsn, script, 1)))
+    long = server.executed(asyncio.run(_session(dsn, script, 1 + calls)))
+    return (long - short) / (calls * messages)
+
+
+def measure(trees: dict[str, Path], kind: str, calls: int, batch: int) -> dict[str, float]:
+    """Instructions a message for each side (a tree), on one counted server."""
+    with tempfile.TemporaryDirectory(prefix="payauth-counted-") as tmp:
+        os.chmod(tmp, 0o711)  # the server's owner (postgres, under root) reaches its own
+        return _measure(trees, kind, calls, batch, Path(tmp, "server"))
+
+
+def _measure(trees: dict[str, Path], kind: str, calls: int, batch: int,
+             directory: Path) -> dict[str, float]:
+    server = CountedServer(directory)
+    scripts = {side: directory / f"{side}.sql" for side in trees}
+    server.start(counted=False)
+    try:
+        dsns = {side: pair._prepare(tree, server.dsn(), f"counted_{side}", kind, batch,
+                                    scripts[side])
+                for side, tree in trees.items()}
+        for side_dsn in dsns.values():
+            asyncio.run(pair._seed(side_dsn))
+    finally:
+        server.stop()
+    server.start(counted=True)
+    try:
+        messages = batch * pair.SCRIPTS[kind][1]
+        return {side: per_message(server, dsns[side], scripts[side].read_text(), calls,
+                                  messages)
+                for side in trees}
+    finally:
+        server.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base", required=True, help="the revision to measure against")
+    parser.add_argument("--kind", choices=sorted(pair.SCRIPTS), default="purchases")
+    parser.add_argument("--calls", type=int, default=4, help="calls counted a side")
+    parser.add_argument("--batch", type=int, default=1000, help="messages a call")
+    args = parser.parse_args()
+    if not shutil.which("valgrind"):
+        raise SystemExit("instructions: valgrind is not installed (apt-get install valgrind)")
+    with tempfile.TemporaryDirectory(prefix="payauth-instructions-") as tmp:
+        base_tree = Path(tmp, "base")
+        subprocess.run(["git", "-C", str(pair.ROOT), "worktree", "add", "--detach",
+                        str(base_tree), args.base], check=True, capture_output=True)
+        try:
+            figures = measure({"base": base_tree, "this": pair.ROOT}, args.kind, args.calls,
+                              args.batch)
+        finally:
+            subprocess.run(["git", "-C", str(pair.ROOT), "worktree", "remove", "--force",
+                            str(base_tree)], check=False, capture_output=True)
+    for side, count in figures.items():
+        print(f"{side:<4} {count:12,.0f} instructions per message")
+    print(f"ratio this/base: {figures['this'] / figures['base']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
