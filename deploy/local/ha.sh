@@ -324,9 +324,11 @@ pg_node_start() { # pg_node_start NODE (1-3): its keeper started, creating the n
       env PATH="$(pg_bindir):$PATH" pg_autoctl run --pgdata "$data"
   else
     pg_forget_keeper "$data"
+    # LC_COLLATE=C: the initdb pg_autoctl runs makes its databases, payauth's among them,
+    # compare text byte by byte (docs/operations.md, "The database's collation").
     # shellcheck disable=SC2046
     background "$HA_DIR/pg-node$1.log" $(node_exec "pg$1") "${PG_AS[@]}" \
-      env PATH="$(pg_bindir):$PATH" pg_autoctl create postgres --pgdata "$data" \
+      env PATH="$(pg_bindir):$PATH" LC_COLLATE=C pg_autoctl create postgres --pgdata "$data" \
       --pgport "$port" --hostname "$addr" --auth trust --no-ssl --monitor "$MONITOR_URI" \
       --dbname "$PG_DB" --run
   fi

@@ -231,7 +231,8 @@ SELECT format('CREATE ROLE payauth_app LOGIN PASSWORD %L IN ROLE payauth_worker'
 SELECT format('ALTER ROLE payauth_app PASSWORD %L', :'app_pw') \gexec
 SQL
   spsql postgres -tAc "select 1 from pg_database where datname = '$SECURE_PG_DB'" | grep -q 1 \
-    || spsql postgres -c "create database $SECURE_PG_DB owner payauth_owner" >/dev/null \
+    || spsql postgres -c "create database $SECURE_PG_DB owner payauth_owner $PG_DB_OPTIONS" \
+      >/dev/null \
     || die "postgres: could not create database $SECURE_PG_DB"
   step "postgres: ready (database $SECURE_PG_DB, logins payauth_owner and payauth_app)"
 }

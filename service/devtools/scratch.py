@@ -9,7 +9,7 @@ import contextlib
 import asyncpg
 from confluent_kafka.admin import AdminClient
 
-from service.ops.migrate import migrate
+from service.ops.migrate import CREATE_OPTIONS, migrate
 from service.ops.topics import NewTopic
 
 
@@ -33,7 +33,7 @@ async def create_database(dsn: str, name: str, *,
                           dedup_period_seconds: int | None = None) -> str:
     """Create database ``name`` on ``dsn``'s server, migrate it (its dedup store's periods
     ``dedup_period_seconds`` long, if given), return its DSN."""
-    await _on_server(dsn, f'CREATE DATABASE "{name}"')
+    await _on_server(dsn, f'CREATE DATABASE "{name}" {CREATE_OPTIONS}')
     target = admin_dsn(dsn, name)
     # A multi-host URL asks each host in turn, a standby too, and asyncpg gives up on the
     # first refusal: the standby may not have replayed the CREATE yet (a synchronous

@@ -99,3 +99,22 @@ def test_podman_compose_is_hash_pinned_with_the_dev_locks_dependencies() -> None
     assert all("--hash=sha256:" in entry for entry in lock.values()), lock
     assert {name: lock[name] for name in ("python-dotenv", "pyyaml")} == \
         {name: dev[name] for name in ("python-dotenv", "pyyaml")}
+
+
+def test_every_stack_makes_payauths_database_compare_text_byte_by_byte() -> None:
+    """Each way of making the database gives it the collation ``payauth migrate`` expects
+    (CREATE_OPTIONS; docs/operations.md, "The database's collation")."""
+    from service.ops.migrate import COLLATION, CREATE_OPTIONS
+
+    local = (ROOT / "deploy/local/stack.sh").read_text()
+    assert f'PG_DB_OPTIONS="{CREATE_OPTIONS}"'.lower() in local.lower()
+    assert re.search(r'create database \\"\$PG_DB\\" owner \\"\$me\\" \$PG_DB_OPTIONS', local)
+    secure = (ROOT / "deploy/local/secure.sh").read_text()
+    assert re.search(r"create database \$SECURE_PG_DB owner payauth_owner \$PG_DB_OPTIONS",
+                     secure)
+    ha = (ROOT / "deploy/local/ha.sh").read_text()
+    assert f"LC_COLLATE={COLLATION} pg_autoctl create postgres" in ha
+    initdb = compose()["services"]["postgres"]["environment"]["POSTGRES_INITDB_ARGS"]
+    assert f"--lc-collate={COLLATION}" in initdb.split()
+    cluster = yaml.safe_load((ROOT / "deploy/k8s/overlays/ha/postgres-cluster.yaml").read_text())
+    assert cluster["spec"]["bootstrap"]["initdb"]["localeCollate"] == COLLATION

@@ -29,6 +29,7 @@ from service.adapters.postgres import PostgresStore
 from service.devtools.processes import port_open
 from service.domain.dedup import StoredResult
 from service.domain.messages import Authorization
+from service.ops.migrate import CREATE_OPTIONS
 
 ROOT = Path(__file__).resolve().parents[2]
 BOOTSTRAP = os.environ.get("PAYAUTH_KAFKA_BOOTSTRAP_SERVERS", "localhost:9092")
@@ -94,7 +95,7 @@ async def ensure_template() -> None:
         exists = await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", TEMPLATE_DB)
         if exists:
             await conn.execute(f'DROP DATABASE "{TEMPLATE_DB}" WITH (FORCE)')
-        await conn.execute(f'CREATE DATABASE "{TEMPLATE_DB}"')
+        await conn.execute(f'CREATE DATABASE "{TEMPLATE_DB}" {CREATE_OPTIONS}')
     finally:
         await conn.close()
     await migrate(dsn_for(TEMPLATE_DB))
@@ -109,7 +110,7 @@ async def create_database(template: str | None = TEMPLATE_DB, prefix: str = "pay
     """A new database named ``prefix…``: a clone of ``template`` (the migrated one), or
     empty (None); its name."""
     name = f"{prefix}{uuid.uuid4().hex[:10]}"
-    cloned = f' TEMPLATE "{template}"' if template else ""
+    cloned = f' TEMPLATE "{template}"' if template else f" {CREATE_OPTIONS}"
     conn = await asyncpg.connect(ENDPOINTS.pg_admin_dsn)
     try:
         await conn.execute(f'CREATE DATABASE "{name}"{cloned}')
