@@ -3,17 +3,19 @@ revision: a count, not a time, so the same on a busy machine as on a quiet one
 (docs/benchmark.md, "Where PostgreSQL's CPU per authorization goes").
 
     python -m service.devtools.bench.instructions --base REV
-        [--kind purchases|lifecycle|cards|limits] [--calls 4] [--batch 1000]
+        [--kind purchases|lifecycle|cards|limits] [--calls 4] [--batch 1000] [--warm 30]
 
 ``pair`` times each side's backend; on this machine kind its runs vary by about 7 %, more
 than many a change is worth. This tool runs a server of its own under valgrind's callgrind,
 which counts the instructions each process executes, whatever else the machine does. Each
-side gets a database on it made by its own tree's ``payauth migrate`` and seeded as
-``pair`` seeds (the base's from a checkout of REV), and then, for each side, two sessions
-of ``pair``'s script: one of a single call, one of 1 + ``--calls`` calls (the same first
-call: the same random values), each a backend of its own. What the longer session executed
-more, over the messages of its extra calls, is the instructions a message costs, without
-the session's start, its first plans and its catalog caches.
+side gets a database on it made by its own tree's ``payauth migrate``, seeded as ``pair``
+seeds (the base's from a checkout of REV), and ``--warm`` calls run on it uncounted: the
+store and the limits' usage as a backlog leaves them (a purchase then raises its card's
+usage rows more often than it makes them, as in ``make bench``). Then, for each side, two
+sessions of ``pair``'s script, each a backend of its own, each message a new key: one of a
+single call, one of 1 + ``--calls`` calls. What the longer one executed more, over the
+messages of its extra calls, is what a message costs, without the session's start, its
+first plans and its catalog caches.
 
 Instructions are not time: a cache miss or a lock wait costs no instruction, and the same
 count can run faster or slower. What this tells is what a change takes out of or adds to
@@ -128,11 +130,11 @@ class CountedServer:
         raise SystemExit(f"instructions: no count for backend {pid} in {path}")
 
 
-async def _session(dsn: str, script: str, calls: int) -> int:
+async def _session(dsn: str, script: str, calls: int, seed: int = _SEED) -> int:
     """Run ``script`` ``calls`` times on a session of its own, its values drawn from
-    ``_SEED``; returns its backend's pid."""
+    ``seed``; returns its backend's pid."""
     lines = [line for line in script.splitlines() if line and not line.startswith("\\")]
-    draw = random.Random(_SEED)
+    draw = random.Random(seed)
     conn = await asyncpg.connect(dsn, timeout=120, command_timeout=3600)
     try:
         await conn.execute("SET plan_cache_mode = force_custom_plan; SET jit = off")
@@ -149,20 +151,23 @@ async def _session(dsn: str, script: str, calls: int) -> int:
 
 def per_message(server: CountedServer, dsn: str, script: str, calls: int,
                 messages: int) -> float:
-    """Instructions a message: a session of 1 + ``calls`` calls less one of 1 call."""
-    short = server.executed(asyncio.run(_session(dsn, script, 1)))
+    """Instructions a message: a session of 1 + ``calls`` calls less one of 1 call (drawn
+    from another seed: its keys are new to the longer session too)."""
+    short = server.executed(asyncio.run(_session(dsn, script, 1, seed=_SEED + 2)))
     long = server.executed(asyncio.run(_session(dsn, script, 1 + calls)))
     return (long - short) / (calls * messages)
 
 
-def measure(trees: dict[str, Path], kind: str, calls: int, batch: int) -> dict[str, float]:
-    """Instructions a message for each side (a tree), on one counted server."""
+def measure(trees: dict[str, Path], kind: str, calls: int, batch: int,
+            warm: int = 0) -> dict[str, float]:
+    """Instructions a message for each side (a tree), on one counted server, after ``warm``
+    calls uncounted."""
     with tempfile.TemporaryDirectory(prefix="payauth-counted-") as tmp:
         os.chmod(tmp, 0o711)  # the server's owner (postgres, under root) reaches its own
-        return _measure(trees, kind, calls, batch, Path(tmp, "server"))
+        return _measure(trees, kind, calls, batch, warm, Path(tmp, "server"))
 
 
-def _measure(trees: dict[str, Path], kind: str, calls: int, batch: int,
+def _measure(trees: dict[str, Path], kind: str, calls: int, batch: int, warm: int,
              directory: Path) -> dict[str, float]:
     server = CountedServer(directory)
     scripts = {side: directory / f"{side}.sql" for side in trees}
@@ -171,8 +176,10 @@ def _measure(trees: dict[str, Path], kind: str, calls: int, batch: int,
         dsns = {side: pair._prepare(tree, server.dsn(), f"counted_{side}", kind, batch,
                                     scripts[side])
                 for side, tree in trees.items()}
-        for side_dsn in dsns.values():
+        for side, side_dsn in dsns.items():
             asyncio.run(pair._seed(side_dsn))
+            # (Other values than the counted calls': theirs are new keys, not duplicates.)
+            asyncio.run(_session(side_dsn, scripts[side].read_text(), warm, seed=_SEED + 1))
     finally:
         server.stop()
     server.start(counted=True)
@@ -191,6 +198,7 @@ def main() -> int:
     parser.add_argument("--kind", choices=sorted(pair.SCRIPTS), default="purchases")
     parser.add_argument("--calls", type=int, default=4, help="calls counted a side")
     parser.add_argument("--batch", type=int, default=1000, help="messages a call")
+    parser.add_argument("--warm", type=int, default=30, help="calls run first, uncounted")
     args = parser.parse_args()
     if not shutil.which("valgrind"):
         raise SystemExit("instructions: valgrind is not installed (apt-get install valgrind)")
@@ -200,7 +208,7 @@ def main() -> int:
                         str(base_tree), args.base], check=True, capture_output=True)
         try:
             figures = measure({"base": base_tree, "this": pair.ROOT}, args.kind, args.calls,
-                              args.batch)
+                              args.batch, args.warm)
         finally:
             subprocess.run(["git", "-C", str(pair.ROOT), "worktree", "remove", "--force",
                             str(base_tree)], check=False, capture_output=True)
