@@ -17,7 +17,8 @@ Two kinds of SQL, applied in this order:
 So a rule has one home, its file, and a change to it is a change to that file alone.
 
 Then the dedup store's partitions of the period under way and the ones ahead are made where
-missing.
+missing; and a database that collates text otherwise than ``COLLATION`` is said to in a line
+of its own.
 """
 
 from __future__ import annotations
