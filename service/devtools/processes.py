@@ -1,11 +1,13 @@
 """Worker processes seen from outside: start ``payauth run``, find its metrics port in its log,
-scrape it, signal it, see whether a port listens. Used by the demo, the chaos run and the
-tests."""
+scrape it, signal it, see whether a port listens or find one free. Used by the demo, the
+chaos run, the benchmark and the tests."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -19,6 +21,31 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)"')
+
+
+def free_port() -> int:
+    """A port of the loopback nobody listens on now (the kernel's choice)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# How to run a PostgreSQL server's programs: as ``postgres`` when this process is root
+# (initdb and postgres refuse root), as this user otherwise.
+AS_POSTGRES = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+
+
+def postgres_bindir() -> Path:
+    """The newest Debian server binaries (as deploy/local/stack.sh finds them), or
+    pg_ctl's directory on PATH."""
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin"),
+                   key=lambda d: int(d.parent.name) if d.parent.name.isdigit() else 0)
+    if found:
+        return found[-1]
+    pg_ctl = shutil.which("pg_ctl")
+    if pg_ctl is None:
+        raise RuntimeError("no PostgreSQL server binaries (make stack-up installs them)")
+    return Path(pg_ctl).parent
 
 
 def port_open(host: str, port: int) -> bool:

@@ -6,7 +6,6 @@ root: as root, the clusters belong to the ``postgres`` user (as in ``deploy/loca
 
 from __future__ import annotations
 
-import glob
 import os
 import shutil
 import signal
@@ -16,24 +15,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from service.devtools.processes import AS_POSTGRES, postgres_bindir
 from tests.support.stack import fetch, free_port
 
-
-def _server_bin() -> Path:
-    """The newest Debian server binaries (as deploy/local/stack.sh finds them), or pg_ctl's
-    directory on PATH."""
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin"),
-                   key=lambda d: int(d.split("/")[-2]) if d.split("/")[-2].isdigit() else 0)
-    if found:
-        return Path(found[-1])
-    pg_ctl = shutil.which("pg_ctl")
-    if pg_ctl is None:
-        raise RuntimeError("no PostgreSQL server binaries (make stack-up installs them)")
-    return Path(pg_ctl).parent
-
-
-BIN = _server_bin()
-AS_OWNER = ["runuser", "-u", "postgres", "--", "env", "-C", "/"] if os.geteuid() == 0 else []
+BIN = postgres_bindir()
+AS_OWNER = [*AS_POSTGRES, "env", "-C", "/"] if AS_POSTGRES else []
 STANDBY_NAME = "standby"
 
 

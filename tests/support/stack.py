@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import time
 import uuid
@@ -26,6 +25,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from service.adapters.kafka.admin import committed_offsets as kafka_committed
 from service.adapters.postgres import PostgresStore
+from service.devtools.processes import free_port as free_port  # (the tests call stack.free_port)
 from service.devtools.processes import port_open
 from service.domain.dedup import StoredResult
 from service.domain.messages import Authorization
@@ -379,9 +379,3 @@ def _listening(proc: subprocess.Popen[bytes], port: int) -> subprocess.Popen[byt
             raise RuntimeError(f"redis-server on port {port} did not start")
         time.sleep(0.05)
     return proc
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])

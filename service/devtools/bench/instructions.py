@@ -31,7 +31,6 @@ import asyncio
 import os
 import random
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -41,33 +40,10 @@ from pathlib import Path
 import asyncpg
 
 from service.devtools.bench import pair
+from service.devtools.processes import AS_POSTGRES, free_port, postgres_bindir
 
 # Each message's store grows alike on both sides; a fixed seed draws the same accounts.
 _SEED = 20261207
-
-
-def postgres_bindir() -> Path:
-    """The newest PostgreSQL server binaries installed (Debian's layout), or those on PATH."""
-    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"),
-                   key=lambda p: [int(x) for x in p.parent.parent.name.split(".")])
-    if found:
-        return found[-1].parent
-    on_path = shutil.which("postgres")
-    if not on_path:
-        raise SystemExit("instructions: no PostgreSQL server binaries (postgres, initdb)")
-    return Path(on_path).resolve().parent
-
-
-def _as_owner() -> list[str]:
-    """How to run the server's programs: as ``postgres`` when this process is root (they
-    refuse root), as this user otherwise."""
-    return ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class CountedServer:
@@ -78,12 +54,12 @@ class CountedServer:
         directory.mkdir(exist_ok=True)
         self.directory = directory
         self.data = directory / "data"
-        self.port = _free_port()
+        self.port = free_port()
         self.bindir = postgres_bindir()
         self._server: subprocess.Popen[bytes] | None = None
         if os.geteuid() == 0:
             shutil.chown(directory, "postgres")
-        subprocess.run([*_as_owner(), str(self.bindir / "initdb"), "-D", str(self.data),
+        subprocess.run([*AS_POSTGRES, str(self.bindir / "initdb"), "-D", str(self.data),
                         "-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C.UTF-8"],
                        check=True, capture_output=True)
 
@@ -98,7 +74,7 @@ class CountedServer:
             command = ["valgrind", "--tool=callgrind", "--trace-children=yes",
                        f"--callgrind-out-file={self.directory}/counted.%p", *command]
         log = open(self.directory / "server.log", "ab")  # noqa: SIM115 (the server's)
-        self._server = subprocess.Popen([*_as_owner(), *command], stdout=log, stderr=log)
+        self._server = subprocess.Popen([*AS_POSTGRES, *command], stdout=log, stderr=log)
         deadline = time.monotonic() + 180  # under valgrind, startup takes seconds
         while time.monotonic() < deadline:
             try:
@@ -133,17 +109,11 @@ class CountedServer:
 async def _session(dsn: str, script: str, calls: int, seed: int = _SEED) -> int:
     """Run ``script`` ``calls`` times on a session of its own, its values drawn from
     ``seed``; returns its backend's pid."""
-    lines = [line for line in script.splitlines() if line and not line.startswith("\\")]
-    draw = random.Random(seed)
     conn = await asyncpg.connect(dsn, timeout=120, command_timeout=3600)
     try:
         await conn.execute("SET plan_cache_mode = force_custom_plan; SET jit = off")
         pid = int(await conn.fetchval("SELECT pg_backend_pid()"))
-        for _ in range(calls):
-            values = {"client_id": "0", "n": str(draw.randint(1, 2_000_000_000)),
-                      "a": str(draw.randrange(pair.ACCOUNTS))}
-            for line in lines:
-                await conn.execute(pair._with_values(line, values))
+        await pair.run_calls(conn, script, calls, random.Random(seed))
         return pid
     finally:
         await conn.close()
@@ -201,7 +171,7 @@ def main() -> int:
     parser.add_argument("--warm", type=int, default=30, help="calls run first, uncounted")
     args = parser.parse_args()
     if not shutil.which("valgrind"):
-        raise SystemExit("instructions: valgrind is not installed (apt-get install valgrind)")
+        raise SystemExit("instructions: valgrind is not installed (make test-tools installs it)")
     with tempfile.TemporaryDirectory(prefix="payauth-instructions-") as tmp:
         base_tree = Path(tmp, "base")
         subprocess.run(["git", "-C", str(pair.ROOT), "worktree", "add", "--detach",

@@ -112,21 +112,27 @@ async def _drive(dsn: str, script: str, calls: int) -> float:
     as the worker's sessions do, adapters/postgres.py); returns the CPU that session's
     backend used, in seconds: the statement's own cost, without what the WAL writer, the
     checkpointer or autovacuum did meanwhile."""
-    lines = [line for line in script.splitlines() if line and not line.startswith("\\")]
-    accounts = ACCOUNTS
     conn = await asyncpg.connect(dsn)
     try:
         await conn.execute("SET plan_cache_mode = force_custom_plan; SET jit = off")
         backend = await conn.fetchval("SELECT pg_backend_pid()")
         before = cpu.seconds(backend)
-        for _ in range(calls):
-            values = {"client_id": "0", "n": str(random.randint(1, 2_000_000_000)),
-                      "a": str(random.randrange(accounts))}
-            for line in lines:
-                await conn.execute(_with_values(line, values))
+        await run_calls(conn, script, calls, random.Random())
         return cpu.seconds(backend) - before
     finally:
         await conn.close()
+
+
+async def run_calls(conn: asyncpg.Connection, script: str, calls: int,
+                    draw: random.Random) -> None:
+    """Run ``script`` ``calls`` times on ``conn``, as pgbench would: its ``\\set`` variables
+    drawn from ``draw`` (a key, an account) for each call."""
+    lines = [line for line in script.splitlines() if line and not line.startswith("\\")]
+    for _ in range(calls):
+        values = {"client_id": "0", "n": str(draw.randint(1, 2_000_000_000)),
+                  "a": str(draw.randrange(ACCOUNTS))}
+        for line in lines:
+            await conn.execute(_with_values(line, values))
 
 
 _VARIABLE = re.compile(r":(client_id|n|a)\b")

@@ -63,7 +63,7 @@ from service.devtools.chaos.gaps import render as render_gaps
 from service.devtools.chaos.generator import LoadGenerator, seed_accounts
 from service.devtools.chaos.proxy import TcpProxy
 from service.devtools.chaos.purges import Purges, dedup_period_seconds, shadow_replay
-from service.devtools.processes import ROOT, WorkerProcess
+from service.devtools.processes import ROOT, WorkerProcess, free_port
 
 STACK = ROOT / "deploy/local/stack.sh"
 PARTITIONS = 12
@@ -72,14 +72,6 @@ LOAD_AFTER_FAULTS = 15.0  # seconds of load after the last fault has ended (see 
 
 def log(msg: str) -> None:
     print(f"[chaos {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class RedisServer:
